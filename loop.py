@@ -1,0 +1,427 @@
+"""The closed RLAnything loop (paper §3, Algorithm 1): policy, reward model and environment
+forged together, one iteration at a time.
+
+    python loop.py --task livebench                      # the full method, CPU defaults
+    python loop.py --task livebench --ablation grpo      # outcome-only GRPO (no R, λ = 0)
+    python loop.py --task livebench --resume --name NAME # continue a killed run
+    python loop.py --task livebench --eval-only --checkpoint runs/NAME
+
+One iteration (METHOD.md):
+  1. pick the iteration's tasks: active versions + every pending rewrite
+  2. P plays G rollouts per task (batched)
+  3. R judges every step m times (coding: writes m tests; all programs run on them)
+  4. E decides pending rewrites (Eq. 4) and proposes new ones for slots outside [α_low, α_high]
+  5. build policy samples (Eq. 1–2) and reward-model samples (Eq. 3)
+  6. update P, then R (Eq. 5)
+  7. log, evaluate every N iterations, checkpoint (atomically: a killed run resumes after
+     its last finished iteration, nothing lost or repeated)
+
+Deviation from the paper's defaults, for a 2-core CPU: a 135M model instead of 7B, fewer
+tasks per iteration, smaller G and m, shorter generations, and LR 1e-5 instead of 1e-6
+(at 1e-6 a 135M model barely moves in 15 iterations). Every value is a flag.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import environment as env
+import llm
+import policy
+import reward_model
+import tasks
+
+ABLATIONS = {  # paper Table 1 rows: (use R's verdicts, train R, adapt the environment)
+    "grpo": (False, False, False),          # outcome-only GRPO: no R, λ = 0
+    "policy": (True, False, False),         # integrated feedback, R frozen, environment fixed
+    "policy_reward": (True, True, False),   # + R trained by consistency feedback
+    "full": (True, True, True),             # + environment adaptation: the full method
+}
+
+
+def opt(default, help: str, **kw):
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class Config:
+    task: str = opt("livebench", "task setting", choices=sorted(tasks.REGISTRY))
+    name: str = opt("", "run name (folder under --runs-dir); default <task>-<ablation>-s<seed>")
+    runs_dir: str = opt("runs", "where run folders go")
+    model: str = opt("smollm2", "policy init: smollm2 (embedded default), tiny (test model), a folder or a hub id")
+    rm_model: str = opt("", "reward-model init; default: same as --model (separate weights)")
+    env_model: str = opt("", "environment-model init (generate mode only); default: same as --model")
+    engine: str = opt("hf", "sampling engine", choices=["hf"])
+    seed: int = opt(0, "random seed")
+    iterations: int = opt(15, "training iterations")
+    ablation: str = opt("full", "paper Table 1 row", choices=list(ABLATIONS))
+    tasks_per_iter: int = opt(6, "active tasks per iteration (pending rewrites come on top)")
+    group_size: int = opt(8, "G: rollouts per task")
+    m: int = opt(4, "R samples per step (coding: generated tests per task)")
+    lam: float = opt(1.0, "λ of Eq. 1 (forced to 0 by --ablation grpo)")
+    zero_single: bool = opt(False, "Eq. 2: zero a step index only one rollout reaches (default keeps its raw reward)")
+    coding_reward: str = opt("integrated", "coding policy reward: integrated (Eq. 1) or reference (share of GT tests passed)",
+                             choices=["integrated", "reference"])
+    temperature: float = opt(1.0, "policy sampling temperature")
+    top_p: float = opt(0.95, "policy nucleus sampling")
+    max_new_tokens: int = opt(256, "policy tokens per step")
+    rm_temperature: float = opt(0.8, "R sampling temperature")
+    rm_max_new_tokens: int = opt(96, "R tokens per judgment / test")
+    env_mode: str = opt("variants", "E's rewrites: variants (move along the ladder) or generate (E writes a task)",
+                        choices=["variants", "generate"])
+    env_retries: int = opt(4, "N: E's tries per proposal in generate mode")
+    alpha_low: float = opt(0.2, "α_low of Eq. 4")
+    alpha_high: float = opt(0.8, "α_high of Eq. 4")
+    lr: float = opt(1e-5, "policy learning rate (paper: 1e-6 at 7B)")
+    rm_lr: float = opt(1e-5, "reward-model learning rate")
+    policy_steps: int = opt(2, "policy optimizer steps per iteration")
+    rm_steps: int = opt(2, "reward-model optimizer steps per iteration")
+    clip_eps: float = opt(0.2, "PPO clip ε (Eq. 5)")
+    kl_beta: float = opt(0.01, "KL β to the pre-update policy, k3 estimator (Eq. 5)")
+    micro_batch: int = opt(4, "sequences per forward/backward (gradient accumulation)")
+    gen_batch: int = opt(64, "sequences per generate call")
+    amp: bool = opt(True, "bf16 autocast for sampling and training (fp32 master weights)")
+    sandbox_timeout: float = opt(5.0, "seconds per program run")
+    eval_every: int = opt(5, "evaluate every N iterations (0: only before and after)")
+    eval_samples: int = opt(1, "policy samples per eval task")
+    eval_temperature: float = opt(0.0, "policy temperature at eval (0: greedy)")
+    humaneval_limit: int = opt(10, "HumanEval problems in the OOD eval (0: none, -1: all 164)")
+    data: str = opt("", "LiveBench coding questions as an extra eval set: a jsonl in LiveBench's format, or 'hub'")
+    resume: bool = opt(False, "continue the run --name after its last finished iteration")
+    eval_only: bool = opt(False, "evaluate --checkpoint and print the paper's Table 1 columns")
+    checkpoint: str = opt("", "for --eval-only: a run folder, or a model folder (then R = --rm-model)")
+
+
+class ConfigError(Exception):
+    """A bad flag or flag combination; the message is one line for the user."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage dump
+        raise ConfigError(message)
+
+
+def parse_args(argv=None) -> Config:
+    parser = _Parser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for f in dataclasses.fields(Config):
+        flag = "--" + f.name.replace("_", "-")
+        kw = {k: v for k, v in f.metadata.items() if k != "help"}
+        if f.type == "bool":
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
+        else:
+            parser.add_argument(flag, type={"int": int, "float": float}.get(f.type, str), default=f.default,
+                                help=f.metadata["help"], **kw)
+    cfg = Config(**vars(parser.parse_args(argv)))
+    checks = [
+        (cfg.group_size < 2, "--group-size must be at least 2 (advantages are z-scored over the group)"),
+        (cfg.m < 1, "--m must be at least 1"),
+        (not 0 <= cfg.alpha_low < cfg.alpha_high <= 1, "need 0 <= --alpha-low < --alpha-high <= 1"),
+        (cfg.resume and cfg.eval_only, "--resume and --eval-only don't go together"),
+        (cfg.eval_only and not cfg.checkpoint, "--eval-only needs --checkpoint (a run folder or a model folder)"),
+        (cfg.ablation == "grpo" and cfg.lam not in (0.0, 1.0), "--ablation grpo has no reward model: --lam must stay unset"),
+        (cfg.iterations < 0 or cfg.tasks_per_iter < 1, "--iterations must be >= 0 and --tasks-per-iter >= 1"),
+        (min(cfg.lr, cfg.rm_lr, cfg.temperature, cfg.max_new_tokens, cfg.policy_steps, cfg.rm_steps) <= 0,
+         "learning rates, --temperature, --max-new-tokens and the step counts must be positive"),
+    ]
+    for bad, msg in checks:
+        if bad:
+            raise ConfigError(msg)
+    if cfg.ablation == "grpo":
+        cfg.lam = 0.0
+    cfg.name = cfg.name or f"{cfg.task}-{cfg.ablation}-s{cfg.seed}"
+    return cfg
+
+
+# ───────────────────────────── run folder ─────────────────────────────
+
+class Run:
+    """runs/<name>/: config.json, metrics.jsonl, tb/, curve.png, samples/, and ckpt/ — the last finished
+    iteration's P, R (HF format + optimizer), environment slots and state, swapped in atomically."""
+
+    def __init__(self, cfg: Config):
+        self.cfg, self.dir = cfg, Path(cfg.runs_dir) / cfg.name
+        self.ckpt = self.dir / "ckpt"
+        if cfg.resume:
+            self._recover()
+            if not (self.ckpt / "state.json").exists():
+                raise ConfigError(f"--resume: no finished iteration in {self.dir} to resume from")
+        elif self.dir.exists() and any(self.dir.iterdir()):
+            raise ConfigError(f"run folder {self.dir} exists: pass --resume to continue it, or another --name")
+
+    def create(self) -> None:
+        """Called once the task and the models loaded, so a bad flag leaves no folder behind."""
+        (self.dir / "samples").mkdir(parents=True, exist_ok=True)
+        (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(self.cfg), indent=2))
+
+    def _recover(self):
+        """A kill between the two renames of `commit` leaves ckpt.old (+ maybe a complete ckpt.tmp)."""
+        tmp, old = self.dir / "ckpt.tmp", self.dir / "ckpt.old"
+        if not self.ckpt.exists():
+            if (tmp / "state.json").exists():
+                os.replace(tmp, self.ckpt)
+            elif old.exists():
+                os.replace(old, self.ckpt)
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def state(self) -> dict:
+        return json.loads((self.ckpt / "state.json").read_text())
+
+    def commit(self, iteration: int, models: dict, slots) -> None:
+        tmp, old = self.dir / "ckpt.tmp", self.dir / "ckpt.old"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        for name, (model, tok, optimizer) in models.items():
+            llm.save(model, tok, tmp / name, optimizer)
+        (tmp / "env_state.json").write_text(json.dumps(env.slots_to_json(slots), indent=1))
+        (tmp / "state.json").write_text(json.dumps({"iteration": iteration}))  # written last: marks tmp complete
+        if self.ckpt.exists():
+            os.replace(self.ckpt, old)
+        os.replace(tmp, self.ckpt)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def metrics(self) -> list[dict]:
+        path = self.dir / "metrics.jsonl"
+        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+    def truncate_metrics(self, last: int) -> None:
+        """On resume: drop lines of an iteration that never finished (it will be redone)."""
+        kept = [r for r in self.metrics() if r["iteration"] <= last]
+        (self.dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+    def log(self, row: dict) -> None:
+        with open(self.dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+@contextmanager
+def stage(timings: dict, name: str):
+    t0 = time.perf_counter()
+    yield
+    timings[f"time/{name}"] = timings.get(f"time/{name}", 0.0) + time.perf_counter() - t0
+
+
+def plot_curve(rows: list[dict], path: Path) -> None:
+    """Learning curve: training accuracy and the paper's Table 1 metrics per iteration."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = ["train/acc"] + sorted({k for r in rows for k in r if k.startswith("eval/")})
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, group in zip(axes, (keys[:1], keys[1:])):
+        for k in group:
+            pts = [(r["iteration"], r[k]) for r in rows if k in r and not math.isnan(r[k])]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=k)
+        ax.set_xlabel("iteration")
+        if ax.lines:
+            ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    axes[0].set_title("training accuracy (active tasks)")
+    axes[1].set_title("eval: Code / UT / Detect")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_samples(groups, path: Path, limit: int = 4) -> None:
+    """Readable rollouts: the prompt, each response with its outcome, verdicts, reward and advantage."""
+    lines = []
+    for g in groups[:limit]:
+        lines += ["=" * 100, f"TASK {g.task.id} (acc {g.acc:.2f})", g.task.prompt.strip(), ""]
+        for r, ro in enumerate(g.rollouts):
+            for k, st in enumerate(ro.steps):
+                lines += [f"--- rollout {r} step {k} | outcome {ro.outcome:+d} | verdicts {st.verdicts} | "
+                          f"R {st.reward:+.3f} | A {st.advantage:+.3f} | {st.observation}", st.response.strip()]
+        for k, t in enumerate(g.tests):
+            lines += [f"--- R's test {k}", t.text.strip()]
+    path.write_text("\n".join(lines) + "\n")
+
+
+# ───────────────────────────── models ─────────────────────────────
+
+def build_models(cfg: Config, use_rm: bool, policy_init: str, rm_init: str):
+    """(name → (model, tokenizer, optimizer)) for P and R, plus their engines."""
+    models = {}
+    pm, pt = llm.load(policy_init, cfg.seed)
+    models["policy"] = (pm, pt, llm.make_optimizer(pm, cfg.lr))
+    if use_rm:
+        rmm, rmt = llm.load(rm_init, cfg.seed)
+        models["reward_model"] = (rmm, rmt, llm.make_optimizer(rmm, cfg.rm_lr))
+    engines = {k: llm.make_engine(cfg.engine, m, t, batch_size=cfg.gen_batch, amp=cfg.amp)
+               for k, (m, t, _) in models.items()}
+    return models, engines
+
+
+def print_table(results: dict) -> None:
+    sets = sorted({k.split("/")[0] for k in results})
+    cols = ["code", "ut", "detect"]
+    print(f"{'eval set':<12}" + "".join(f"{c.upper():>9}" for c in cols))
+    for s in sets:
+        print(f"{s:<12}" + "".join(f"{100 * results[f'{s}/{c}']:>9.1f}" if f"{s}/{c}" in results else f"{'-':>9}"
+                                   for c in cols))
+
+
+def evaluate(cfg, adapter, engines) -> dict:
+    return {f"eval/{k}": v for k, v in
+            adapter.evaluate(adapter.eval_sets(), engines["policy"], engines.get("reward_model"), cfg).items()}
+
+
+def eval_only(cfg: Config) -> None:
+    path = Path(cfg.checkpoint)
+    if (path / "ckpt" / "policy").exists():
+        policy_init, rm_init = str(path / "ckpt" / "policy"), str(path / "ckpt" / "reward_model")
+        if not Path(rm_init).exists():
+            rm_init = cfg.rm_model or cfg.model
+    elif (path / "config.json").exists():
+        policy_init, rm_init = str(path), cfg.rm_model or cfg.model
+    else:
+        raise ConfigError(f"--checkpoint {cfg.checkpoint}: neither a run folder nor a model folder")
+    adapter = tasks.get(cfg.task, cfg)
+    _, engines = build_models(cfg, True, policy_init, rm_init)
+    llm.seed_everything(cfg.seed)
+    results = evaluate(cfg, adapter, engines)
+    print_table({k.removeprefix("eval/"): v for k, v in results.items()})
+
+
+# ───────────────────────────── the loop ─────────────────────────────
+
+def train(cfg: Config) -> Path:
+    use_rm, train_rm, adapt_env = ABLATIONS[cfg.ablation]
+    run = Run(cfg)
+    adapter = tasks.get(cfg.task, cfg)
+    start = 0
+    if cfg.resume:
+        start = run.state()["iteration"]
+        run.truncate_metrics(start)
+        policy_init, rm_init = str(run.ckpt / "policy"), str(run.ckpt / "reward_model")
+        slots = env.slots_from_json(json.loads((run.ckpt / "env_state.json").read_text()))
+        print(f"[loop] resuming {run.dir} after iteration {start}", flush=True)
+    else:
+        policy_init, rm_init = cfg.model, cfg.rm_model or cfg.model
+        slots = env.make_slots(adapter.train_tasks())
+    models, engines = build_models(cfg, use_rm, policy_init, rm_init)
+    if cfg.resume:
+        for name, (_, _, optimizer) in models.items():
+            llm.load_optimizer(optimizer, run.ckpt / name)
+    e_engine = None
+    if adapt_env and cfg.env_mode == "generate":
+        em, et = llm.load(cfg.env_model or cfg.model, cfg.seed)
+        e_engine = llm.make_engine(cfg.engine, em, et, batch_size=cfg.gen_batch, amp=cfg.amp)
+    run.create()
+
+    from torch.utils.tensorboard import SummaryWriter
+    tb = SummaryWriter(run.dir / "tb", purge_step=start + 1 if cfg.resume else None)
+
+    def finish(iteration: int, row: dict) -> None:
+        row = {"iteration": iteration, **row}
+        for k, v in row.items():
+            if isinstance(v, (int, float)) and k != "iteration" and not math.isnan(v):
+                tb.add_scalar(k if "/" in k else f"charts/{k}", v, iteration)
+        tb.flush()
+        run.log(row)
+        plot_curve(run.metrics(), run.dir / "curve.png")
+        run.commit(iteration, models, slots)
+
+    if start == 0:  # "before": evaluate the initial models, commit iteration 0
+        llm.seed_everything(cfg.seed)
+        t0 = time.perf_counter()
+        results = evaluate(cfg, adapter, engines)
+        print(f"[loop] iteration 0 (before training) eval in {time.perf_counter() - t0:.0f}s")
+        print_table({k.removeprefix("eval/"): v for k, v in results.items()})
+        finish(0, results)
+
+    for it in range(start + 1, cfg.iterations + 1):
+        llm.seed_everything(cfg.seed * 100_003 + it)  # per-iteration seed: a resumed run replays exactly
+        t_iter, timings = time.perf_counter(), {}
+        picked = env.pick_tasks(slots, cfg.tasks_per_iter, random.Random(cfg.seed * 100_003 + it))
+        with stage(timings, "rollout"):                                     # 2. P plays
+            groups = adapter.rollout([t for _, t in picked], cfg.group_size, engines["policy"], cfg)
+        if use_rm:
+            with stage(timings, "judge"):                                   # 3. R judges
+                adapter.judge(groups, engines["reward_model"], cfg)
+        env_stats = {}
+        if adapt_env:
+            with stage(timings, "environment"):                             # 4. E adapts
+                train_groups, env_stats = env.update(
+                    slots, picked, groups, adapter, cfg.env_mode, e_engine, low=cfg.alpha_low,
+                    high=cfg.alpha_high, retries=cfg.env_retries, iteration=it)
+        else:
+            train_groups = [g for (sid, t), g in zip(picked, groups) if t.id == slots[sid].active.id]
+        p_samples = policy.policy_samples(train_groups, cfg.lam, not cfg.zero_single, cfg.coding_reward)  # 5.
+        r_samples = reward_model.rm_samples(train_groups, adapter.judge_kind) if train_rm else []
+        stats = {}
+        with stage(timings, "train_policy"):                                # 6. update P, then R
+            stats |= update(cfg, models["policy"], engines["policy"], p_samples, cfg.policy_steps, it, "policy")
+        if train_rm:
+            with stage(timings, "train_rm"):
+                stats |= update(cfg, models["reward_model"], engines["reward_model"], r_samples, cfg.rm_steps, it, "rm")
+        row = {"train/acc": sum(g.acc for g in groups) / len(groups), "train/tasks": len(groups),
+               "train/policy_samples": len(p_samples), "train/rm_samples": len(r_samples),
+               "train/verdict_mean": _mean([v for g in groups for ro in g.rollouts for st in ro.steps
+                                            for v in st.verdicts]),
+               "env/mean_level": _mean([s.active.level for s in slots.values() if s.active.level is not None]),
+               **{f"env/{k}": v for k, v in env_stats.items()}, **stats}
+        write_samples(groups, run.dir / "samples" / f"iter_{it:04d}.txt")
+        if cfg.eval_every and it % cfg.eval_every == 0 or it == cfg.iterations:
+            with stage(timings, "eval"):                                    # 7. evaluate
+                row |= evaluate(cfg, adapter, engines)
+        row |= timings | {"time/iteration": time.perf_counter() - t_iter}
+        with stage(timings, "checkpoint"):
+            finish(it, row)
+        print(_summary(it, row, timings), flush=True)
+    tb.close()
+    return run.dir
+
+
+def update(cfg: Config, model_tok_opt, engine, samples, steps: int, it: int, name: str) -> dict:
+    """Eq. 5 on one model, then sync its engine."""
+    model, tok, optimizer = model_tok_opt
+    stats = llm.ppo_update(model, optimizer, samples, tok.pad_token_id, steps=steps, clip_eps=cfg.clip_eps,
+                           kl_beta=cfg.kl_beta, micro_batch=cfg.micro_batch, amp=cfg.amp, seed=it)
+    engine.sync()
+    return {f"losses/{name}_{k}": v for k, v in stats.items()}
+
+
+def _mean(xs) -> float:
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def _summary(it: int, row: dict, timings: dict) -> str:
+    parts = [f"it {it:3d}", f"acc {row['train/acc']:.2f}", f"P samples {row['train/policy_samples']}",
+             f"R samples {row['train/rm_samples']}"]
+    if "env/proposed" in row:
+        parts.append(f"env +{row['env/accepted']}/-{row['env/rejected']} new {row['env/proposed']}")
+    parts += [f"{k.removeprefix('eval/')} {100 * v:.1f}" for k, v in row.items()
+              if k.startswith("eval/") and not math.isnan(v)]
+    parts.append(" ".join(f"{k.removeprefix('time/')} {v:.0f}s" for k, v in timings.items()))
+    return " | ".join(parts)
+
+
+def main(argv=None) -> int:
+    try:
+        cfg = parse_args(argv)
+        if cfg.eval_only:
+            eval_only(cfg)
+        else:
+            print(f"[loop] run folder: {train(cfg)}")
+    except (ConfigError, llm.ModelError, tasks.TaskError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

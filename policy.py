@@ -1,0 +1,78 @@
+"""P, the policy: integrated feedback (Eq. 1) and step-index advantages (Eq. 2).
+Paper §3.1, "Policy: integrated feedback".
+
+The policy is rewarded per step by the outcome plus the reward model's step-wise
+verdicts; advantages are z-scored per step index across the task's group, and each
+step becomes a training sample of its own (a constant advantage over its tokens).
+
+    >>> integrated_reward(+1, [1, -1, 1], lam=1.0)      # 1 + (1/3)·1
+    1.3333333333333333
+    >>> step_advantages([[2.0, 1.0], [-2.0, -0.5, -2.0]])
+    [[1.0, 1.0], [-1.0, -1.0, -2.0]]
+"""
+from __future__ import annotations
+
+import statistics
+
+from llm import Sample
+
+POLICY_ACC_RANGE = (1 / 8, 7 / 8)  # tasks outside it are left out of policy training
+
+
+def integrated_reward(outcome: int, verdicts: list[int], lam: float = 1.0) -> float:
+    """Eq. 1: R_{τ_i} = O_τ + (λ/m) Σ_j S_{τ_i,j}. An unparseable verdict is 0 and still counts in m."""
+    if not verdicts:
+        return float(outcome)
+    return outcome + lam * sum(verdicts) / len(verdicts)  # Eq. 1
+
+
+def zscore(values: list[float]) -> list[float] | None:
+    """(v − mean) / std with the population std; None when the values are all equal (std ≈ 0)."""
+    std = statistics.pstdev(values)
+    if std < 1e-8:
+        return None
+    mean = statistics.fmean(values)
+    return [(v - mean) / std for v in values]
+
+
+def step_advantages(rewards: list[list[float]], keep_single: bool = True) -> list[list[float]]:
+    """Eq. 2: for each step index k, z-score R_{τ_k} over the rollouts of the group that reach step k.
+
+    rewards[r][k] is rollout r's reward at step k. std ≈ 0 gives 0. A step index only one
+    rollout reaches keeps its raw reward (reference code; the paper is silent), or 0
+    with keep_single=False.
+    """
+    adv = [[0.0] * len(r) for r in rewards]
+    for k in range(max(map(len, rewards), default=0)):
+        rows = [r for r in range(len(rewards)) if len(rewards[r]) > k]
+        if len(rows) == 1:
+            adv[rows[0]][k] = rewards[rows[0]][k] if keep_single else 0.0
+            continue
+        z = zscore([rewards[r][k] for r in rows])  # Eq. 2
+        for r, value in zip(rows, z or [0.0] * len(rows)):
+            adv[r][k] = value
+    return adv
+
+
+def policy_samples(groups, lam: float = 1.0, keep_single: bool = True, reward: str = "integrated",
+                   acc_range: tuple[float, float] = POLICY_ACC_RANGE) -> list[Sample]:
+    """Eq. 1 → Eq. 2 → samples. Fills step.reward and step.advantage on every group.
+
+    reward="reference" uses the rollout's graded score (coding: the share of GT tests
+    passed, as the released code does) instead of Eq. 1.
+    Tasks whose acc lies outside acc_range are left out; steps with advantage 0 are dropped.
+    """
+    samples = []
+    for g in groups:
+        for ro in g.rollouts:
+            for st in ro.steps:
+                st.reward = ro.score if reward == "reference" else integrated_reward(ro.outcome, st.verdicts, lam)
+        adv = step_advantages([[st.reward for st in ro.steps] for ro in g.rollouts], keep_single)
+        for ro, row in zip(g.rollouts, adv):
+            for st, a in zip(ro.steps, row):
+                st.advantage = a
+        if not acc_range[0] <= g.acc <= acc_range[1]:
+            continue
+        samples += [Sample(st.prompt_ids, st.response_ids, st.advantage)
+                    for ro in g.rollouts for st in ro.steps if st.advantage != 0 and st.response_ids]
+    return samples

@@ -1,0 +1,137 @@
+"""R, the generative reward model, and its consistency feedback (Eq. 3).
+Paper §3.2, "Reward model: consistency feedback", and §4.2 for the coding setting.
+
+R is an LLM. In agent settings it reads one policy step and writes a short reasoning
+ending in \\boxed{1} (good step) or \\boxed{-1} (bad step), m times per step. In the
+coding setting it writes unit tests instead (one test per sample). Either way it is
+trained with the same PPO loss as P (Eq. 5) on its whole output, with a reward that
+measures how consistent each judgment is with the outcome and its siblings:
+
+    >>> consistency_rewards(-0.5, [1, 0])     # METHOD.md worked example, step B·1
+    [1.0, -1.0]
+    >>> test_writer_rewards([True, False], [[True, True], [False, True]])
+    [1.0, -1.0]
+"""
+from __future__ import annotations
+
+import re
+
+from llm import Sample
+from policy import zscore
+
+RM_ACC_RANGE = (0.2, 0.8)  # only tasks with acc in this range feed reward-model training (Eq. 3)
+UNPARSEABLE_REWARD = -2.0  # Eq. 3 reward of a judgment with no valid verdict
+
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+_TEST = re.compile(r"input[^\n\w]*\s*(?:```[^\n`]*\n(?P<fin>.*?)```|(?P<pin>.*?))\s*"
+                   r"(?:\*\*|#+\s*)?(?:expected\s+)?output[^\n\w]*\s*(?:```[^\n`]*\n(?P<fout>.*?)```|(?P<pout>[^\n]*))",
+                   re.DOTALL | re.IGNORECASE)
+
+TEST_WRITER_PROMPT = """Write one unit test for the programming problem below: an input that a wrong
+program could get wrong, and the exact output a correct program prints for it.
+
+Answer in exactly this format and nothing else. For example, for "read two integers, print their sum":
+Input:
+```
+3 4
+```
+Output:
+```
+7
+```
+
+Problem:
+{problem}
+"""
+
+FUNCTIONAL_TEST_WRITER_PROMPT = """Write one unit test for the Python function below: arguments that a wrong
+implementation could get wrong, and the exact value a correct one returns.
+
+Answer in exactly this format and nothing else, one JSON value per argument line. For example, for
+"def add(a: int, b: int) -> int":
+Input:
+```
+3
+4
+```
+Output:
+```
+7
+```
+
+Function:
+{problem}
+"""
+
+
+def parse_verdict(text: str) -> int:
+    """+1 or −1 when the text holds exactly one \\boxed{} and it is 1, +1 or −1; else 0."""
+    boxes = _BOXED.findall(text)
+    if len(boxes) != 1:
+        return 0
+    return {"1": 1, "+1": 1, "-1": -1}.get(boxes[0].strip(), 0)
+
+
+def consistency_rewards(step_reward: float, verdicts: list[int]) -> list[float] | None:
+    """Eq. 3 for one step: R_{S_j} = R_{τ_i} · S_j (−2 when S_j is unparseable), z-scored over the m
+    judgments. None when all m raw rewards are equal (the step is skipped)."""
+    raw = [step_reward * s if s != 0 else UNPARSEABLE_REWARD for s in verdicts]  # Eq. 3
+    return zscore(raw)
+
+
+def test_writer_rewards(gt_pass: list[bool], passes: list[list[bool]]) -> list[float] | None:
+    """The coding reward of R's m generated tests (METHOD.md "Coding"), z-scored over the tests.
+
+    gt_pass[i]: program i passes every ground-truth test (a "GT code").
+    passes[i][k]: program i passes generated test k.
+    Test k is correct iff every GT code passes it. Correct: +#(non-GT codes failing it);
+    incorrect: −#(non-GT codes passing it); with no non-GT code: ±1.
+    None when no program is a GT code, or when all rewards are equal.
+    """
+    gt = [i for i, ok in enumerate(gt_pass) if ok]
+    if not gt:
+        return None
+    others = [i for i, ok in enumerate(gt_pass) if not ok]
+    raw = []
+    for k in range(len(passes[0]) if passes else 0):
+        correct = all(passes[i][k] for i in gt)
+        if not others:
+            raw.append(1.0 if correct else -1.0)
+        elif correct:
+            raw.append(float(sum(not passes[i][k] for i in others)))
+        else:
+            raw.append(-float(sum(passes[i][k] for i in others)))
+    return zscore(raw) if raw else None
+
+
+def parse_test(text: str) -> tuple[str, str] | None:
+    """R's generated test → (stdin, expected stdout), from the first "Input: … Output: …" pair, each
+    part fenced or inline (a fenced output may span lines, an inline one is one line). None when malformed."""
+    m = _TEST.search(text)
+    if not m:
+        return None
+    stdin = (m["fin"] if m["fin"] is not None else m["pin"]).strip("\n` ")
+    out = (m["fout"] if m["fout"] is not None else m["pout"]).strip("\n` ")
+    if not stdin.strip() or not out.strip():
+        return None
+    return stdin + "\n", out + "\n"
+
+
+def rm_samples(groups, kind: str, acc_range: tuple[float, float] = RM_ACC_RANGE) -> list[Sample]:
+    """Training samples for R from one iteration (run after policy.policy_samples filled step.reward).
+
+    kind="steps": Eq. 3 per step, over tasks with acc in acc_range.
+    kind="tests": the coding test-writer reward per task.
+    Samples with advantage 0 are dropped, as for the policy.
+    """
+    samples = []
+    for g in groups:
+        if kind == "tests":
+            pairs = [(g.tests, test_writer_rewards([ro.outcome > 0 for ro in g.rollouts], g.test_passes))]
+        elif acc_range[0] <= g.acc <= acc_range[1]:
+            pairs = [(st.judgments, consistency_rewards(st.reward, st.verdicts))
+                     for ro in g.rollouts for st in ro.steps]
+        else:
+            continue
+        samples += [Sample(c.prompt_ids, c.ids, a) for outs, adv in pairs if adv for c, a in zip(outs, adv) if a != 0]
+    return samples

@@ -1,0 +1,83 @@
+"""The task interface and a registry by name (paper §4: the three settings).
+
+The records below are plain data; the loop owns them and the modules are
+functions over them. An adapter (one per setting) provides:
+
+    train_tasks() -> list[Task]                     the slots' original tasks
+    eval_sets() -> dict[str, list[Task]]            e.g. {"in_domain": ..., "ood": ...}
+    rollout(tasks, G, engine, cfg) -> list[Group]   P plays G rollouts of each task (batched)
+    judge(groups, engine, cfg) -> None              R fills step.verdicts / step.judgments / group.tests
+    evaluate(sets, policy, rm, cfg) -> dict         the paper's Table 1 columns for this setting
+    variant(task, direction) -> Task | None         `variants` mode of E: the next easier/harder variant
+    rewrite_prompt(task, direction, feedback) -> str, parse_rewrite(task, text) -> Task | None
+                                                    `generate` mode of E: E's prompt, and validation
+    feedback(group) -> str                          critic feedback for E (Eq. 4)
+    judge_kind: "steps" (R judges each step, Eq. 3) or "tests" (R writes unit tests, coding)
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+
+from llm import Completion
+
+
+@dataclass
+class Task:
+    id: str
+    prompt: str                    # what the policy is asked (problem statement, goal, ...)
+    data: dict                     # what the checker needs (tests, reference solution, scene, ...)
+    ladder: str | None = None      # variants of one task, easy → hard (E's `variants` mode)
+    level: int | None = None
+    origin: str | None = None      # how it came to be: "original", "variant", "generated"
+
+
+@dataclass
+class Step:
+    """One policy step; also one training sample of its own."""
+    prompt: str
+    prompt_ids: list[int]
+    response: str
+    response_ids: list[int]
+    observation: str = ""                                     # what the environment answered
+    verdicts: list[int] = field(default_factory=list)         # S_{τ_i,j} ∈ {+1, −1, 0}, j = 1..m
+    judgments: list[Completion] = field(default_factory=list)  # R's m outputs for this step (agent tasks)
+    reward: float = 0.0                                       # R_{τ_i}, Eq. 1
+    advantage: float = 0.0                                    # Eq. 2
+    label: int | None = None                                  # ground-truth step quality, where known
+
+
+@dataclass
+class Rollout:
+    task_id: str
+    steps: list[Step]
+    outcome: int          # O_τ ∈ {+1, −1}
+    score: float = 0.0    # a graded outcome where the setting has one (coding: share of GT tests passed)
+    info: dict = field(default_factory=dict)
+
+
+@dataclass
+class Group:
+    """The G rollouts of one task in one iteration, plus R's task-level outputs (coding: tests)."""
+    task: Task
+    rollouts: list[Rollout]
+    tests: list[Completion] = field(default_factory=list)       # coding: R's m generated tests
+    test_passes: list[list[bool]] = field(default_factory=list)  # coding: [program i][test k]
+
+    @property
+    def acc(self) -> float:
+        return sum(r.outcome > 0 for r in self.rollouts) / max(len(self.rollouts), 1)
+
+
+class TaskError(Exception):
+    """Bad task name or data file; the message is one line for the user."""
+
+
+REGISTRY = {"livebench": "tasks.livebench"}
+
+
+def get(name: str, cfg):
+    """The adapter for a task name."""
+    if name not in REGISTRY:
+        raise TaskError(f"unknown task {name!r}; choose from: {', '.join(sorted(REGISTRY))}")
+    return importlib.import_module(REGISTRY[name]).Adapter(cfg)

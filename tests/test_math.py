@@ -1,0 +1,190 @@
+"""Every formula pinned to hand-worked values (METHOD.md's worked example included)."""
+import math
+
+import pytest
+
+import environment as env
+import policy
+import reward_model as rm
+from llm import Completion
+from tasks import Group, Rollout, Step, Task
+from tasks.livebench import coding_metrics
+
+
+# ── Eq. 1 ──
+def test_integrated_reward_hand_values():
+    assert policy.integrated_reward(1, [1, 1]) == 2.0
+    assert policy.integrated_reward(1, [1, -1]) == 1.0
+    assert policy.integrated_reward(-1, [-1, -1]) == -2.0
+    assert policy.integrated_reward(-1, [1, 0]) == -0.5          # a 0 still counts in m
+    assert policy.integrated_reward(-1, [1, 1, 0], lam=0.5) == pytest.approx(-1 + 0.5 * 2 / 3)
+    assert policy.integrated_reward(1, [-1, -1, -1], lam=0.0) == 1.0
+    assert policy.integrated_reward(-1, []) == -1.0             # no R: the outcome alone
+
+
+# ── Eq. 2: METHOD.md worked example, G = 2, m = 2 ──
+WORKED_R = [[2.0, 1.0], [-2.0, -0.5, -2.0]]
+
+
+def test_worked_example_rewards():
+    a = [policy.integrated_reward(1, v) for v in ([1, 1], [1, -1])]
+    b = [policy.integrated_reward(-1, v) for v in ([-1, -1], [1, 0], [-1, -1])]
+    assert [a, b] == WORKED_R
+
+
+def test_worked_example_advantages_keep_single():
+    assert policy.step_advantages(WORKED_R) == [[1.0, 1.0], [-1.0, -1.0, -2.0]]
+
+
+def test_worked_example_advantages_zero_single():
+    assert policy.step_advantages(WORKED_R, keep_single=False) == [[1.0, 1.0], [-1.0, -1.0, 0.0]]
+
+
+def test_step_advantages_equal_rewards_and_three_rollouts():
+    assert policy.step_advantages([[1.0], [1.0], [1.0]]) == [[0.0], [0.0], [0.0]]
+    # values 1, 2, 3: mean 2, population std sqrt(2/3)
+    s = math.sqrt(2 / 3)
+    adv = policy.step_advantages([[1.0], [2.0], [3.0]])
+    assert [x[0] for x in adv] == pytest.approx([-1 / s, 0.0, 1 / s])
+
+
+# ── Eq. 3: METHOD.md worked example ──
+def test_consistency_rewards_worked_example():
+    assert rm.consistency_rewards(-0.5, [1, 0]) == [1.0, -1.0]   # raw [−0.5, −2]
+    assert rm.consistency_rewards(2.0, [1, 1]) is None           # raw [2, 2]: skipped
+
+
+def test_consistency_rewards_hand_values():
+    # R = 1, verdicts [+1, −1, +1]: raw [1, −1, 1], mean 1/3, std sqrt(8/9)
+    z = rm.consistency_rewards(1.0, [1, -1, 1])
+    s = math.sqrt(8 / 9)
+    assert z == pytest.approx([(2 / 3) / s, (-4 / 3) / s, (2 / 3) / s])
+
+
+@pytest.mark.parametrize("text,verdict", [
+    (r"The step opens the fridge. \boxed{1}", 1),
+    (r"\boxed{+1}", 1),
+    (r"bad move \boxed{-1}", -1),
+    (r"\boxed{ -1 }", -1),
+    (r"\boxed{1} no wait \boxed{-1}", 0),       # two verdicts: ambiguous
+    (r"\boxed{1} \boxed{1}", 0),                # two boxes, even if equal
+    (r"\boxed{0}", 0),
+    (r"\boxed{yes}", 0),
+    ("the answer is 1", 0),
+    ("", 0),
+])
+def test_parse_verdict(text, verdict):
+    assert rm.parse_verdict(text) == verdict
+
+
+# ── coding RM reward ──
+def test_test_writer_rewards_hand_example():
+    # programs 0,1 are GT codes; 2,3 are not. Tests:
+    #  t0: correct, fails both non-GT → +2   t1: correct, fails one → +1
+    #  t2: incorrect (GT 1 fails), passes 1 non-GT → −1   t3: correct, fails none → 0
+    gt_pass = [True, True, False, False]
+    passes = [[True, True, True, True],
+              [True, True, False, True],
+              [False, True, True, True],
+              [False, False, False, True]]
+    raw = [2.0, 1.0, -1.0, 0.0]
+    mean, std = 0.5, math.sqrt(sum((r - 0.5) ** 2 for r in raw) / 4)
+    assert rm.test_writer_rewards(gt_pass, passes) == pytest.approx([(r - mean) / std for r in raw])
+
+
+def test_test_writer_rewards_no_nongt_and_none_cases():
+    assert rm.test_writer_rewards([True, True], [[True, False], [True, True]]) == [1.0, -1.0]
+    assert rm.test_writer_rewards([False, False], [[True], [False]]) is None   # no GT code: skipped
+    assert rm.test_writer_rewards([True, False], [[True, True], [True, True]]) is None  # all equal
+
+
+@pytest.mark.parametrize("text,test", [
+    ("Input:\n```\n3 4\n```\nOutput:\n```\n7\n```", ("3 4\n", "7\n")),
+    ("**Input:**\n```\n2\n1 2\n```\n**Output:**\n```\n3\n```\nThe sum is 3.", ("2\n1 2\n", "3\n")),
+    ("### Input\n```text\n1\n```\n### Expected output\n```\n2\n```", ("1\n", "2\n")),
+    ("Input: 1234\nOutput: 10\nbecause 1+2+3+4", ("1234\n", "10\n")),
+    ("Sample input:\n5\n3 1 4\nExpected output: 1 3 4", ("5\n3 1 4\n", "1 3 4\n")),
+    ("Input:\n```\n\n```\nOutput:\n```\n7\n```", None),    # empty input
+    ("Input: 5\n", None),                                   # no output
+    ("def f(n): return n", None),
+])
+def test_parse_test(text, test):
+    assert rm.parse_test(text) == test
+
+
+# ── Eq. 4 ──
+@pytest.mark.parametrize("acc,expected", [(1.0, "harder"), (0.8, "harder"), (0.79, None), (0.5, None),
+                                          (0.21, None), (0.2, "easier"), (0.0, "easier")])
+def test_direction(acc, expected):
+    assert env.direction(acc) == expected
+
+
+@pytest.mark.parametrize("d,a,a2,ok", [
+    ("harder", 1.0, 0.5, True), ("harder", 1.0, 0.2, True), ("harder", 1.0, 0.125, False),  # a′ ≥ α_low
+    ("harder", 1.0, 0.0, False), ("harder", 0.8, 0.8, False), ("harder", 0.8, 0.9, False),
+    ("easier", 0.0, 0.25, True), ("easier", 0.0, 0.8, True), ("easier", 0.0, 0.875, False),  # a′ ≤ α_high
+    ("easier", 0.0, 0.0, False), ("easier", 0.2, 0.2, False), ("easier", 0.2, 0.1, False),
+])
+def test_accept(d, a, a2, ok):
+    assert env.accept(d, a, a2) is ok
+
+
+def test_accept_custom_thresholds():
+    assert env.accept("harder", 1.0, 0.3, low=0.4, high=0.9) is False
+    assert env.direction(0.85, low=0.1, high=0.9) is None
+
+
+# ── sample builders ──
+def _step(verdicts, judgments=()):
+    return Step("p", [1, 2], "r", [3, 4], verdicts=list(verdicts), judgments=list(judgments))
+
+
+def _c(i):
+    return Completion(f"j{i}", [9], [10 + i], "stop")
+
+
+def test_policy_and_rm_samples_on_worked_example():
+    task = Task("t", "p", {})
+    a = Rollout("t", [_step([1, 1], [_c(0), _c(1)]), _step([1, -1], [_c(2), _c(3)])], 1)
+    b = Rollout("t", [_step([-1, -1], [_c(4), _c(5)]), _step([1, 0], [_c(6), _c(7)]),
+                      _step([-1, -1], [_c(8), _c(9)])], -1)
+    g = Group(task, [a, b])
+    samples = policy.policy_samples([g])
+    assert [st.reward for st in a.steps + b.steps] == [2.0, 1.0, -2.0, -0.5, -2.0]
+    assert [s.advantage for s in samples] == [1.0, 1.0, -1.0, -1.0, -2.0]
+    rs = rm.rm_samples([g], "steps")
+    # Eq. 3 on every step: A·0 raw [2,2] skip; A·1 raw [1,−1] → [1,−1]; B·0 raw [2,2] skip;
+    # B·1 raw [−0.5,−2] → [1,−1]; B·2 raw [2,2] skip
+    assert [(s.response_ids[0], s.advantage) for s in rs] == [(12, 1.0), (13, -1.0), (16, 1.0), (17, -1.0)]
+
+
+def test_policy_samples_acc_filter_and_reference_reward():
+    task = Task("t", "p", {})
+    solved = Group(task, [Rollout("t", [_step([1])], 1), Rollout("t", [_step([-1])], 1)])
+    assert policy.policy_samples([solved]) == []             # acc 1 > 7/8: left out
+    mixed = Group(task, [Rollout("t", [_step([])], 1, score=1.0), Rollout("t", [_step([])], -1, score=0.5),
+                         Rollout("t", [_step([])], -1, score=0.0)])
+    s = policy.policy_samples([mixed], reward="reference")
+    sd = math.sqrt(((1 - 0.5) ** 2 + 0 + 0.5 ** 2) / 3)
+    assert [x.advantage for x in s] == pytest.approx([0.5 / sd, -0.5 / sd])  # the 0 advantage is dropped
+    assert rm.rm_samples([solved], "steps") == []            # acc outside [0.2, 0.8]
+
+
+def test_rm_samples_tests_kind():
+    task = Task("t", "p", {})
+    g = Group(task, [Rollout("t", [_step([])], 1), Rollout("t", [_step([])], -1)],
+              tests=[_c(0), _c(1)], test_passes=[[True, True], [False, True]])
+    assert [(s.response_ids[0], s.advantage) for s in rm.rm_samples([g], "tests")] == [(10, 1.0), (11, -1.0)]
+
+
+# ── Table 1 coding metrics ──
+def test_coding_metrics_hand_example():
+    # task A: programs [GT, non-GT], tests: t0 passes GT fails non-GT (detects), t1 passes both, t2 malformed
+    # task B: no GT code → ignored by both
+    # task C: only GT codes: t0 correct, t1 not → counts for UT only
+    m = coding_metrics(
+        gt_pass=[[True, False], [False], [True]],
+        passes=[[[True, True, False], [False, True, False]], [[True]], [[True, False]]],
+        tests_ok=[[True, True, False], [True], [True, True]])
+    assert m["ut"] == pytest.approx(3 / 5)      # A: t0, t1 correct of 3; C: 1 of 2
+    assert m["detect"] == pytest.approx(1 / 3)  # A only: t0
