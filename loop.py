@@ -65,7 +65,7 @@ class Config:
     seed: int = opt(0, "random seed")
     iterations: int = opt(15, "training iterations")
     ablation: str = opt("full", "paper Table 1 row", choices=list(ABLATIONS))
-    tasks_per_iter: int = opt(6, "active tasks per iteration (pending rewrites come on top)")
+    tasks_per_iter: int = opt(4, "active tasks per iteration (pending rewrites come on top)")
     group_size: int = opt(8, "G: rollouts per task")
     m: int = opt(4, "R samples per step (coding: generated tests per task)")
     lam: float = opt(1.0, "λ of Eq. 1 (forced to 0 by --ablation grpo)")
@@ -74,7 +74,7 @@ class Config:
                              choices=["integrated", "reference"])
     temperature: float = opt(1.0, "policy sampling temperature")
     top_p: float = opt(0.95, "policy nucleus sampling")
-    max_new_tokens: int = opt(256, "policy tokens per step")
+    max_new_tokens: int = opt(192, "policy tokens per step")
     rm_temperature: float = opt(0.8, "R sampling temperature")
     rm_max_new_tokens: int = opt(96, "R tokens per judgment / test")
     env_mode: str = opt("variants", "E's rewrites: variants (move along the ladder) or generate (E writes a task)",
@@ -111,17 +111,30 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
-def parse_args(argv=None) -> Config:
-    parser = _Parser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def _parser(suppress: bool) -> _Parser:
+    parser = _Parser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                     argument_default=argparse.SUPPRESS if suppress else None)
     for f in dataclasses.fields(Config):
         flag = "--" + f.name.replace("_", "-")
+        default = argparse.SUPPRESS if suppress else f.default
         kw = {k: v for k, v in f.metadata.items() if k != "help"}
         if f.type == "bool":
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=f.metadata["help"])
         else:
-            parser.add_argument(flag, type={"int": int, "float": float}.get(f.type, str), default=f.default,
+            parser.add_argument(flag, type={"int": int, "float": float}.get(f.type, str), default=default,
                                 help=f.metadata["help"], **kw)
-    cfg = Config(**vars(parser.parse_args(argv)))
+    return parser
+
+
+def parse_args(argv=None) -> Config:
+    """Flags → Config. With --resume, the run's saved config is the base and only the flags given
+    on this command line change it (e.g. a larger --iterations to extend a run)."""
+    cfg = Config(**vars(_parser(suppress=False).parse_args(argv)))
+    if cfg.resume:
+        saved = Path(cfg.runs_dir) / (cfg.name or f"{cfg.task}-{cfg.ablation}-s{cfg.seed}") / "config.json"
+        if saved.exists():
+            given = vars(_parser(suppress=True).parse_args(argv))
+            cfg = Config(**{**json.loads(saved.read_text()), **given})
     checks = [
         (cfg.group_size < 2, "--group-size must be at least 2 (advantages are z-scored over the group)"),
         (cfg.m < 1, "--m must be at least 1"),
@@ -367,7 +380,9 @@ def train(cfg: Config) -> Path:
         if train_rm:
             with stage(timings, "train_rm"):
                 stats |= update(cfg, models["reward_model"], engines["reward_model"], r_samples, cfg.rm_steps, it, "rm")
-        row = {"train/acc": sum(g.acc for g in groups) / len(groups), "train/tasks": len(groups),
+        n_active = min(cfg.tasks_per_iter, len(slots))  # pick_tasks lists the active versions first
+        row = {"train/acc": _mean(g.acc for g in groups[:n_active]),
+               "train/rewrite_acc": _mean(g.acc for g in groups[n_active:]), "train/tasks": len(groups),
                "train/policy_samples": len(p_samples), "train/rm_samples": len(r_samples),
                "train/verdict_mean": _mean([v for g in groups for ro in g.rollouts for st in ro.steps
                                             for v in st.verdicts]),

@@ -11,6 +11,9 @@ Simplifications against the paper, stated up front:
   OOD eval of functional tests.
 - For UT / Detect at eval time the task's reference solution counts as a GT code, so
   the metrics are defined even where the small policy solves nothing.
+- The assistant turn is prefilled: P's with "```python\n", R's with "Input:\n```\n". A
+  135M model otherwise mostly answers in prose; the prefix is part of the prompt, and the
+  stored text of a completion includes it.
 
 Every program is model-written and runs in tasks/sandbox.py.
 """
@@ -58,6 +61,8 @@ Reply with one JSON object in a ```json block with the keys "problem" (the full 
 input and output format), "tests" (at least 4 objects {{"input": ..., "output": ...}} with exact stdin and
 stdout), and "solution" (a correct Python 3 program reading stdin and printing stdout)."""
 
+CODE_PREFIX = "```python\n"     # prefilled start of P's answer
+TEST_PREFIX = "Input:\n```\n"  # prefilled start of R's answer
 _CODE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _JSON = re.compile(r"```(?:json)?[ \t]*\n(.*?)```", re.DOTALL)
 
@@ -275,12 +280,14 @@ class Adapter:
     # — P plays —
     def policy_prompt(self, task: Task, tokenizer) -> str:
         template = POLICY_PROMPT if task.data["format"] == "stdin" else FUNCTIONAL_POLICY_PROMPT
-        return render_chat(tokenizer, template.format(problem=task.prompt))
+        return render_chat(tokenizer, template.format(problem=task.prompt)) + CODE_PREFIX
 
     def rollout(self, tasks: list[Task], G: int, engine, cfg, temperature: float | None = None) -> list[Group]:
         prompts = [self.policy_prompt(t, engine.tokenizer) for t in tasks]
         outs = engine.generate(prompts, n=G, temperature=cfg.temperature if temperature is None else temperature,
                                top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, desc="P writes programs")
+        for c in (c for cs in outs for c in cs):
+            c.text = CODE_PREFIX + c.text
         programs = [[extract_code(c.text) for c in cs] for cs in outs]
         gt = iter(run_gt([(t, p) for t, ps in zip(tasks, programs) for p in ps], cfg.sandbox_timeout))
         groups = []
@@ -298,10 +305,12 @@ class Adapter:
     def judge(self, groups: list[Group], engine, cfg) -> None:
         prompts = [render_chat(engine.tokenizer, (TEST_WRITER_PROMPT if g.task.data["format"] == "stdin"
                                                   else FUNCTIONAL_TEST_WRITER_PROMPT).format(problem=g.task.prompt))
-                   for g in groups]
+                   + TEST_PREFIX for g in groups]
         outs = engine.generate(prompts, n=cfg.m, temperature=cfg.rm_temperature, top_p=1.0,
                                max_new_tokens=cfg.rm_max_new_tokens, desc="R writes tests")
         for g, tests in zip(groups, outs):
+            for c in tests:
+                c.text = TEST_PREFIX + c.text
             g.tests = tests
             parsed = [parse_test(c.text) for c in tests]
             g.test_passes = run_tests(g.task, [ro.info["program"] for ro in g.rollouts], parsed, cfg.sandbox_timeout)

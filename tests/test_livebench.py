@@ -147,7 +147,7 @@ def test_judge_sets_verdicts_from_generated_tests():
     rollouts = [Rollout(task.id, [Step("p", [1], "r", [2])], 1, info={"program": good, "gt": [True]}),
                 Rollout(task.id, [Step("p", [1], "r", [2])], -1, info={"program": "print(3)", "gt": [False]})]
     g = Group(task, rollouts)
-    rm = ScriptedEngine(["Input:\n```\n1 2\n```\nOutput:\n```\n3\n```", "no test here"])
+    rm = ScriptedEngine(["1 2\n```\nOutput:\n```\n3\n```", "no test here"])  # continuations of TEST_PREFIX
     a.judge([g], rm, cfg(m=2))
     assert g.test_passes == [[True, False], [True, False]]
     assert [ro.steps[0].verdicts for ro in g.rollouts] == [[1, 0], [1, 0]]

@@ -67,9 +67,9 @@ class ScriptedPolicy:
             for j, c in enumerate(cs):
                 if "unit test" in prompt:
                     stdin, out = self.tests[key]
-                    text = f"Input:\n```\n{stdin}```\nOutput:\n```\n{out if j % 2 == 0 else 'wrong'}\n```"
+                    text = f"{stdin}```\nOutput:\n```\n{out if j % 2 == 0 else 'wrong'}\n```"  # after TEST_PREFIX
                 elif j % 2 == 0:
-                    text = f"```python\n{self.solutions[key]}```"
+                    text = f"{self.solutions[key]}```"  # after CODE_PREFIX
                 else:
                     continue
                 c.text, c.ids = text, self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -123,7 +123,7 @@ def test_sigkill_mid_iteration_then_resume(tmp_path):
     done = json.loads(state.read_text())["iteration"]
     assert done in (1, 2)
     slots_before = json.loads((tmp_path / "k" / "ckpt" / "env_state.json").read_text())
-    r = run_cli([*args, "--resume"])
+    r = run_cli(["--runs-dir", str(tmp_path), "--name", "k", "--resume"])  # the saved config supplies the rest
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"resuming {tmp_path / 'k'} after iteration {done}" in r.stdout
     rows = [json.loads(x) for x in (tmp_path / "k" / "metrics.jsonl").read_text().splitlines()]
