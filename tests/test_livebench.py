@@ -163,3 +163,29 @@ def test_generate_mode_retries_until_valid():
     assert task is not None and tries == 2 and e.calls == 2
     e = ScriptedEngine(["nope"] * 3)
     assert env.propose([(slot, "easier", "")], a, "generate", e, retries=3) == [(None, 3)]
+
+
+HOSTILE = {
+    "fork bomb": "import os\nwhile True:\n    os.fork()",
+    "infinite loop": "while True:\n    pass",
+    "memory hog": "x = bytearray(4 << 30)\nprint(3)",
+    "100 MB print": "print('x' * (100 << 20))",
+    "write outside": "open('/work/escape.txt', 'w').write('x')\nprint(3)",
+    "network": "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=1)\nprint(3)",
+    "parent env": "import os, glob\nprint(3 if any('RLA_SECRET' in open(p, errors='ignore').read() "
+                  "for p in glob.glob('/proc/*/environ')) or 'RLA_SECRET' in os.environ else 'none')",
+}
+
+
+def test_hostile_programs_fail_their_tests_and_the_scorer_goes_on(monkeypatch):
+    """Each hostile program is a failed test (on "1 2" the answer is 3, which each prints only if
+    its attack worked), and a correct program scored right after still passes."""
+    monkeypatch.setenv("RLA_SECRET", "hunter2")
+    a = Adapter(cfg())
+    task = next(t for t in a.tasks if t.id == "sum-0")
+    task.data = {**task.data, "tests": [{"input": "1 2\n", "output": "3\n"}]}
+    good = "a, b = map(int, input().split())\nprint(a + b)"
+    res = run_gt([(task, p) for p in HOSTILE.values()] + [(task, good)], timeout=2.0)
+    assert {name: r[0] for name, r in zip(HOSTILE, res)} == {name: False for name in HOSTILE}
+    assert res[-1] == [True]
+    assert not Path("/work/escape.txt").exists()

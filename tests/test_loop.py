@@ -1,7 +1,6 @@
 """The loop end to end on the tiny model: every ablation through the CLI, training on a mixed
 group (with a scripted engine double), SIGKILL + --resume, and one-line errors for bad input."""
 import json
-import os
 import signal
 import subprocess
 import sys
