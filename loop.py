@@ -112,8 +112,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser(suppress: bool) -> _Parser:
-    parser = _Parser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-                     argument_default=argparse.SUPPRESS if suppress else None)
+    parser = _Parser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for f in dataclasses.fields(Config):
         flag = "--" + f.name.replace("_", "-")
         default = argparse.SUPPRESS if suppress else f.default
@@ -126,12 +125,16 @@ def _parser(suppress: bool) -> _Parser:
     return parser
 
 
+def _run_name(cfg: Config) -> str:
+    return cfg.name or f"{cfg.task}-{cfg.ablation}-s{cfg.seed}"
+
+
 def parse_args(argv=None) -> Config:
     """Flags → Config. With --resume, the run's saved config is the base and only the flags given
     on this command line change it (e.g. a larger --iterations to extend a run)."""
     cfg = Config(**vars(_parser(suppress=False).parse_args(argv)))
     if cfg.resume:
-        saved = Path(cfg.runs_dir) / (cfg.name or f"{cfg.task}-{cfg.ablation}-s{cfg.seed}") / "config.json"
+        saved = Path(cfg.runs_dir) / _run_name(cfg) / "config.json"
         if saved.exists():
             given = vars(_parser(suppress=True).parse_args(argv))
             cfg = Config(**{**json.loads(saved.read_text()), **given})
@@ -151,7 +154,7 @@ def parse_args(argv=None) -> Config:
             raise ConfigError(msg)
     if cfg.ablation == "grpo":
         cfg.lam = 0.0
-    cfg.name = cfg.name or f"{cfg.task}-{cfg.ablation}-s{cfg.seed}"
+    cfg.name = _run_name(cfg)
     return cfg
 
 
@@ -359,6 +362,7 @@ def train(cfg: Config) -> Path:
         llm.seed_everything(cfg.seed * 100_003 + it)  # per-iteration seed: a resumed run replays exactly
         t_iter, timings = time.perf_counter(), {}
         picked = env.pick_tasks(slots, cfg.tasks_per_iter, random.Random(cfg.seed * 100_003 + it))
+        is_active = [t.id == slots[sid].active.id for sid, t in picked]  # the rest are pending rewrites
         with stage(timings, "rollout"):                                     # 2. P plays
             groups = adapter.rollout([t for _, t in picked], cfg.group_size, engines["policy"], cfg)
         if use_rm:
@@ -371,7 +375,7 @@ def train(cfg: Config) -> Path:
                     slots, picked, groups, adapter, cfg.env_mode, e_engine, low=cfg.alpha_low,
                     high=cfg.alpha_high, retries=cfg.env_retries, iteration=it)
         else:
-            train_groups = [g for (sid, t), g in zip(picked, groups) if t.id == slots[sid].active.id]
+            train_groups = [g for g, a in zip(groups, is_active) if a]
         p_samples = policy.policy_samples(train_groups, cfg.lam, not cfg.zero_single, cfg.coding_reward)  # 5.
         r_samples = reward_model.rm_samples(train_groups, adapter.judge_kind) if train_rm else []
         stats = {}
@@ -380,9 +384,8 @@ def train(cfg: Config) -> Path:
         if train_rm:
             with stage(timings, "train_rm"):
                 stats |= update(cfg, models["reward_model"], engines["reward_model"], r_samples, cfg.rm_steps, it, "rm")
-        n_active = min(cfg.tasks_per_iter, len(slots))  # pick_tasks lists the active versions first
-        row = {"train/acc": _mean(g.acc for g in groups[:n_active]),
-               "train/rewrite_acc": _mean(g.acc for g in groups[n_active:]), "train/tasks": len(groups),
+        row = {"train/acc": _mean(g.acc for g, a in zip(groups, is_active) if a),
+               "train/rewrite_acc": _mean(g.acc for g, a in zip(groups, is_active) if not a), "train/tasks": len(groups),
                "train/policy_samples": len(p_samples), "train/rm_samples": len(r_samples),
                "train/verdict_mean": _mean([v for g in groups for ro in g.rollouts for st in ro.steps
                                             for v in st.verdicts]),

@@ -217,6 +217,15 @@ def run_tests(task: Task, programs: list[str], tests: list[tuple[str, str] | Non
     return [[_passed(task, t[1], next(results)) if t else False for t in tests] for _ in programs]
 
 
+def prefilled(engine, prompts: list[str], prefix: str, **kw):
+    """engine.generate with the assistant turn started by `prefix`; each completion's text includes it
+    (its ids stay the generated tokens only: the prefix is part of the prompt)."""
+    outs = engine.generate([p + prefix for p in prompts], **kw)
+    for c in (c for cs in outs for c in cs):
+        c.text = prefix + c.text
+    return outs
+
+
 # ───────────────────────────── metrics (paper Table 1) ─────────────────────────────
 
 def coding_metrics(gt_pass: list[list[bool]], passes: list[list[list[bool]]], tests_ok: list[list[bool]]) -> dict:
@@ -280,14 +289,12 @@ class Adapter:
     # — P plays —
     def policy_prompt(self, task: Task, tokenizer) -> str:
         template = POLICY_PROMPT if task.data["format"] == "stdin" else FUNCTIONAL_POLICY_PROMPT
-        return render_chat(tokenizer, template.format(problem=task.prompt)) + CODE_PREFIX
+        return render_chat(tokenizer, template.format(problem=task.prompt))
 
     def rollout(self, tasks: list[Task], G: int, engine, cfg, temperature: float | None = None) -> list[Group]:
         prompts = [self.policy_prompt(t, engine.tokenizer) for t in tasks]
-        outs = engine.generate(prompts, n=G, temperature=cfg.temperature if temperature is None else temperature,
-                               top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, desc="P writes programs")
-        for c in (c for cs in outs for c in cs):
-            c.text = CODE_PREFIX + c.text
+        outs = prefilled(engine, prompts, CODE_PREFIX, n=G, max_new_tokens=cfg.max_new_tokens, top_p=cfg.top_p,
+                         temperature=cfg.temperature if temperature is None else temperature, desc="P writes programs")
         programs = [[extract_code(c.text) for c in cs] for cs in outs]
         gt = iter(run_gt([(t, p) for t, ps in zip(tasks, programs) for p in ps], cfg.sandbox_timeout))
         groups = []
@@ -305,12 +312,10 @@ class Adapter:
     def judge(self, groups: list[Group], engine, cfg) -> None:
         prompts = [render_chat(engine.tokenizer, (TEST_WRITER_PROMPT if g.task.data["format"] == "stdin"
                                                   else FUNCTIONAL_TEST_WRITER_PROMPT).format(problem=g.task.prompt))
-                   + TEST_PREFIX for g in groups]
-        outs = engine.generate(prompts, n=cfg.m, temperature=cfg.rm_temperature, top_p=1.0,
-                               max_new_tokens=cfg.rm_max_new_tokens, desc="R writes tests")
+                   for g in groups]
+        outs = prefilled(engine, prompts, TEST_PREFIX, n=cfg.m, temperature=cfg.rm_temperature, top_p=1.0,
+                         max_new_tokens=cfg.rm_max_new_tokens, desc="R writes tests")
         for g, tests in zip(groups, outs):
-            for c in tests:
-                c.text = TEST_PREFIX + c.text
             g.tests = tests
             parsed = [parse_test(c.text) for c in tests]
             g.test_passes = run_tests(g.task, [ro.info["program"] for ro in g.rollouts], parsed, cfg.sandbox_timeout)
