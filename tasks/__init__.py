@@ -13,10 +13,14 @@ functions over them. An adapter (one per setting) provides:
                                                     `generate` mode of E: E's prompt, and validation
     feedback(group) -> str                          critic feedback for E (Eq. 4)
     judge_kind: "steps" (R judges each step, Eq. 3) or "tests" (R writes unit tests, coding)
+    timings: dict                                   the loop's per-iteration timings; the adapter adds
+                                                    its environment's share (sandbox, engine, browser)
 """
 from __future__ import annotations
 
 import importlib
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from llm import Completion
@@ -67,6 +71,14 @@ class Group:
     @property
     def acc(self) -> float:
         return sum(r.outcome > 0 for r in self.rollouts) / max(len(self.rollouts), 1)
+
+
+@contextmanager
+def stage(timings: dict, name: str):
+    """Adds the seconds spent inside the block to timings["time/<name>"]."""
+    t0 = time.perf_counter()
+    yield
+    timings[f"time/{name}"] = timings.get(f"time/{name}", 0.0) + time.perf_counter() - t0
 
 
 class TaskError(Exception):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from llm import render_chat
 from reward_model import FUNCTIONAL_TEST_WRITER_PROMPT, TEST_WRITER_PROMPT, parse_test
-from tasks import Group, Rollout, Step, Task, TaskError
+from tasks import Group, Rollout, Step, Task, TaskError, stage
 from tasks.sandbox import RunResult, outputs_match, run_many
 
 BUILTIN = Path(__file__).parent / "data" / "livebench_builtin.jsonl"
@@ -262,7 +262,7 @@ class Adapter:
     judge_kind = "tests"
 
     def __init__(self, cfg):
-        self.cfg = cfg
+        self.cfg, self.timings = cfg, {}
         try:
             rows = load_builtin()
         except (OSError, json.JSONDecodeError) as e:
@@ -296,7 +296,8 @@ class Adapter:
         outs = prefilled(engine, prompts, CODE_PREFIX, n=G, max_new_tokens=cfg.max_new_tokens, top_p=cfg.top_p,
                          temperature=cfg.temperature if temperature is None else temperature, desc="P writes programs")
         programs = [[extract_code(c.text) for c in cs] for cs in outs]
-        gt = iter(run_gt([(t, p) for t, ps in zip(tasks, programs) for p in ps], cfg.sandbox_timeout))
+        with stage(self.timings, "sandbox"):
+            gt = iter(run_gt([(t, p) for t, ps in zip(tasks, programs) for p in ps], cfg.sandbox_timeout))
         groups = []
         for task, prompt, cs, ps in zip(tasks, prompts, outs, programs):
             rollouts = []
@@ -318,7 +319,9 @@ class Adapter:
         for g, tests in zip(groups, outs):
             g.tests = tests
             parsed = [parse_test(c.text) for c in tests]
-            g.test_passes = run_tests(g.task, [ro.info["program"] for ro in g.rollouts], parsed, cfg.sandbox_timeout)
+            with stage(self.timings, "sandbox"):
+                g.test_passes = run_tests(g.task, [ro.info["program"] for ro in g.rollouts], parsed,
+                                          cfg.sandbox_timeout)
             for ro, row in zip(g.rollouts, g.test_passes):
                 # S_j: +1 passes generated test j, −1 fails it, 0 when test j is malformed
                 ro.steps[0].verdicts = [0 if t is None else (1 if ok else -1) for t, ok in zip(parsed, row)]

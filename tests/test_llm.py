@@ -31,7 +31,7 @@ def test_greedy_decode_matches_transformers_generate(tiny):
 
 def test_engine_completions_and_seeded_sampling(tiny):
     model, tok = tiny
-    engine = llm.make_engine("hf", model, tok, batch_size=3, amp=False)
+    engine = llm.make_engines("hf", {"p": (model, tok)}, batch_size=3, amp=False)["p"]
     p = llm.render_chat(tok, "x")
     torch.manual_seed(1)
     a = engine.generate([p, p + "y"], n=2, temperature=1.0, top_p=0.9, max_new_tokens=8)
@@ -43,7 +43,7 @@ def test_engine_completions_and_seeded_sampling(tiny):
             assert 1 <= len(c.ids) <= 8 and c.finish_reason in ("stop", "length")
             assert (c.finish_reason == "stop") == (c.ids[-1] == tok.eos_token_id)
     with pytest.raises(llm.ModelError):
-        llm.make_engine("nope", model, tok)
+        llm.make_engines("nope", {"p": (model, tok)})
 
 
 def test_top_p_keeps_smallest_nucleus():
@@ -115,7 +115,7 @@ def test_embedded_smollm2_offline_route(tmp_path, monkeypatch):
     assert (tmp_path / "SmolLM2-135M-Instruct" / "config.json").exists()
     assert 134e6 < sum(p.numel() for p in model.parameters()) < 135e6
     assert tok.eos_token == "<|im_end|>" and len(tok) == 49152
-    engine = llm.make_engine("hf", model, tok)
+    engine = llm.make_engines("hf", {"p": (model, tok)})["p"]
     out = engine.generate([llm.render_chat(tok, "What is the capital of France? Answer in one word.")],
                           temperature=0, max_new_tokens=12)[0][0]
     assert "Paris" in out.text

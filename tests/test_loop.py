@@ -17,7 +17,7 @@ from tasks.livebench import load_builtin
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--task", "livebench", "--model", "tiny", "--tasks-per-iter", "2", "--group-size", "2", "--m", "2",
         "--max-new-tokens", "12", "--rm-max-new-tokens", "12", "--humaneval-limit", "2", "--eval-every", "0",
-        "--sandbox-timeout", "3"]
+        "--sandbox-timeout", "3", "--engine", "hf"]
 
 
 def run_cli(args, **kw):
@@ -79,8 +79,9 @@ def test_loop_trains_policy_and_rm_on_mixed_groups(tmp_path, monkeypatch):
     rows = load_builtin()
     solutions = {r["prompt"]: r["solution"] for r in rows}
     tests = {r["prompt"]: (r["tests"][0]["input"], r["tests"][0]["output"]) for r in rows}
-    real = llm.make_engine
-    monkeypatch.setattr(llm, "make_engine", lambda *a, **k: ScriptedPolicy(real(*a, **k), solutions, tests))
+    real = llm.make_engines
+    monkeypatch.setattr(llm, "make_engines", lambda *a, **k: {name: ScriptedPolicy(e, solutions, tests)
+                                                              for name, e in real(*a, **k).items()})
     before = {}
     orig_load = llm.load
 
