@@ -267,17 +267,38 @@ class Completion:
     finish_reason: str      # "stop" (eos) or "length" (max_new_tokens)
 
 
+def top_p_mask(logits, p, k: int = 256):
+    """Nucleus (top-p) filtering in place, -inf outside the nucleus, without sorting the vocabulary.
+
+    Keeps token j iff the probability mass of the tokens ranked above it is < p (the same rule as a
+    full sort). Only the top-k candidates are sorted; rows whose nucleus is larger than k (flat
+    distributions) fall back to a full sort. vLLM's CPU sampler sorts all 49k logits of every row
+    at every step on one thread: with top-p 0.95 that made sampling 2.7x slower than without."""
+    p = p.to(logits.device).float().unsqueeze(-1)                                          # [B, 1]
+    vals, _ = logits.topk(min(k, logits.shape[-1]), dim=-1)                                # [B, k] descending
+    probs = torch.exp(vals.float() - torch.logsumexp(logits.float(), dim=-1, keepdim=True))  # [B, k]
+    above = probs.cumsum(-1) - probs                                                       # mass ranked above
+    wide = probs.sum(-1) < p.squeeze(-1)                                                   # [B] nucleus > k
+    if wide.any():
+        rows = logits[wide]                                                                # [b, V]
+        vals_w = rows.sort(dim=-1, descending=True).values
+        probs_w = torch.softmax(vals_w.float(), dim=-1)
+        above_w = probs_w.cumsum(-1) - probs_w
+        cut_w = vals_w.masked_fill(above_w >= p[wide], float("inf")).min(-1).values        # [b]
+    cut = vals.masked_fill(above >= p, float("inf")).min(-1).values                        # [B] last kept value
+    if wide.any():
+        cut[wide] = cut_w
+    return logits.masked_fill_(logits < cut.unsqueeze(-1), float("-inf"))
+
+
 def _sample(logits, temperature: float, top_p: float):
     """Next token per row from [b, V] logits: greedy at temperature 0, else nucleus sampling."""
     if temperature <= 0:
         return logits.argmax(-1)  # [b]
-    probs = torch.softmax(logits.float() / temperature, dim=-1)  # [b, V]
+    logits = logits.float() / temperature  # [b, V]
     if top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        drop = sorted_p.cumsum(-1) - sorted_p > top_p  # keep the smallest prefix with mass ≥ top_p
-        sorted_p[drop] = 0.0
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-    return torch.multinomial(probs, 1).squeeze(-1)  # [b]
+        logits = top_p_mask(logits, torch.full(logits.shape[:1], top_p))
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1).squeeze(-1)  # [b]
 
 
 @torch.no_grad()
@@ -390,6 +411,21 @@ class merged:
             self.model.unmerge_adapter()
 
 
+def _patch_vllm_cpu_top_p() -> None:
+    """Route top-p-only sampling in vLLM's CPU sampler through `top_p_mask` (see there)."""
+    from vllm.v1.sample.ops import topk_topp_sampler as ops
+
+    if getattr(ops.apply_top_k_top_p, "rlanything", False):
+        return
+    native = ops.apply_top_k_top_p
+
+    def apply_top_k_top_p(logits, k, p):
+        return top_p_mask(logits, p) if p is not None and k is None else native(logits, k, p)
+
+    apply_top_k_top_p.rlanything = True
+    ops.apply_top_k_top_p = apply_top_k_top_p
+
+
 class _VLLMServer:
     """One in-process `vllm.LLM`, shared by every engine whose model has this architecture.
 
@@ -411,6 +447,8 @@ class _VLLMServer:
             os.environ.setdefault(key, value)
         from vllm import LLM
 
+        if not torch.cuda.is_available():
+            _patch_vllm_cpu_top_p()
         self.folder = tempfile.mkdtemp(prefix="rlanything-vllm-")
         config.save_pretrained(self.folder)
         self.llm = LLM(model=self.folder, load_format="dummy", skip_tokenizer_init=True, dtype=dtype,

@@ -53,6 +53,26 @@ def test_top_p_keeps_smallest_nucleus():
     assert draws == {0, 1}  # 0.5 + 0.3 ≥ 0.7: tokens 2 and 3 are cut
 
 
+@pytest.mark.parametrize("k", [4, 2])  # k=2: the nucleus is wider than the candidates → full-sort path
+def test_top_p_mask_hand_worked(k):
+    """Keep token j iff the mass ranked above it is < p. Probabilities 0.5, 0.3, 0.15, 0.05 (shuffled)."""
+    logits = torch.log(torch.tensor([[0.15, 0.5, 0.05, 0.3]] * 3))
+    kept = ~torch.isinf(llm.top_p_mask(logits.clone(), torch.tensor([0.7, 0.8, 0.9]), k=k))
+    assert kept.tolist() == [[False, True, False, True],   # p 0.7: above 0.15 is 0.8 ≥ 0.7
+                             [False, True, False, True],   # p 0.8: 0.8 ≥ 0.8, cut
+                             [True, True, False, True]]    # p 0.9: 0.8 < 0.9 kept; above 0.05 is 0.95
+
+
+def test_top_p_mask_equals_full_sort():
+    torch.manual_seed(0)
+    logits = torch.cat([torch.randn(8, 5000) * 8, torch.randn(8, 5000) * 0.3])  # peaked rows, flat rows
+    p = torch.rand(16) * 0.9 + 0.05
+    s, order = logits.sort(-1, descending=True)
+    probs = torch.softmax(s, -1)
+    ref = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, order, (probs.cumsum(-1) - probs) < p[:, None])
+    assert torch.equal(~torch.isinf(llm.top_p_mask(logits.clone(), p, k=64)), ref)
+
+
 def test_chunked_logprobs_match_full_logits(tiny):
     model, tok = tiny
     input_ids, attention = _prompt_batch(tok, ["abc", "hello world"])
