@@ -358,6 +358,10 @@ def _limits(timeout: float, mem_mb: int, rlimit_mode: bool) -> list[tuple[int, i
     return out
 
 
+_PRLIMIT_NAMES = {resource.RLIMIT_CPU: "cpu", resource.RLIMIT_AS: "as", resource.RLIMIT_FSIZE: "fsize",
+                  resource.RLIMIT_NOFILE: "nofile", resource.RLIMIT_CORE: "core", resource.RLIMIT_NPROC: "nproc"}
+
+
 def _child_setup(limits: list[tuple[int, int, int]], seccomp: bool) -> None:
     """preexec_fn: runs in the child between fork and exec."""
     for res, soft, hard in limits:
@@ -479,17 +483,23 @@ def _run(code: str, stdin: str, *, timeout: float, mem_mb: int, max_output: int,
                 pass_fds = (seccomp_fd,)
             argv, env, cwd = _bwrap_argv(rundir, exe, seccomp_fd), {}, "/"
             seccomp_here = False
+            prlimit = shutil.which("prlimit", path=SAFE_PATH)
         else:
             argv = [exe, "-I", "-S", "-X", "utf8", "main.py"]
             env, cwd = {"PATH": SAFE_PATH, "LANG": "C.UTF-8", "HOME": rundir}, rundir
-            seccomp_here = _FILTER is not None and _prctl is not None
+            seccomp_here, prlimit = _FILTER is not None and _prctl is not None, None
         limits = _limits(timeout, mem_mb, mode_ == "rlimit")
+        preexec = lambda: _child_setup(limits, seccomp_here)  # noqa: E731
+        if prlimit:  # rlimits set by util-linux's prlimit, which then execs bwrap: no Python code runs
+            # between fork and exec, so Popen can vfork. A preexec_fn forces a full fork(), which copies
+            # the page tables of this (large: models, vLLM) process: ~120 ms per run instead of ~15 ms.
+            argv = [prlimit, *(f"--{_PRLIMIT_NAMES[r]}={s}:{h}" for r, s, h in limits), "--", *argv]
+            preexec = None
         start = time.monotonic()
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, cwd=cwd, env=env, close_fds=True,
-                                    pass_fds=pass_fds, start_new_session=True,
-                                    preexec_fn=lambda: _child_setup(limits, seccomp_here))
+                                    pass_fds=pass_fds, start_new_session=True, preexec_fn=preexec)
         finally:
             if seccomp_fd is not None:
                 os.close(seccomp_fd)

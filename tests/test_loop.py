@@ -133,6 +133,25 @@ def test_sigkill_mid_iteration_then_resume(tmp_path):
     assert set(slots_after) == set(slots_before)
 
 
+@pytest.mark.slow
+def test_lora_run_saves_adapters_resumes_and_evaluates(tmp_path):
+    """--lora-rank: adapters train, the checkpoint holds them (+ the base's name), resume and eval load them."""
+    args = [*TINY, "--lora-rank", "4", "--runs-dir", str(tmp_path), "--name", "lora", "--humaneval-limit", "0"]
+    r = run_cli([*args, "--iterations", "1", "--eval-every", "-1"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    ckpt = tmp_path / "lora" / "ckpt"
+    assert (ckpt / "policy" / "adapter_config.json").exists() and not (ckpt / "policy" / "config.json").exists()
+    rows = [json.loads(x) for x in (tmp_path / "lora" / "metrics.jsonl").read_text().splitlines()]
+    assert not any(k.startswith("eval/") for row in rows for k in row)   # --eval-every -1: never
+    r = run_cli(["--runs-dir", str(tmp_path), "--name", "lora", "--resume", "--iterations", "2"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((ckpt / "state.json").read_text()) == {"iteration": 2}
+    model, _ = llm.load(str(ckpt / "policy"))
+    assert hasattr(model, "peft_config") and any(p.requires_grad for n, p in model.named_parameters() if "lora_" in n)
+    r = run_cli([*TINY, "--eval-only", "--checkpoint", str(tmp_path / "lora"), "--humaneval-limit", "0"])
+    assert r.returncode == 0 and "in_domain" in r.stdout, r.stderr[-3000:]
+
+
 def test_recover_from_kill_between_renames(tmp_path):
     cfg = loop.parse_args(["--runs-dir", str(tmp_path), "--name", "r"])
     run = loop.Run(cfg)

