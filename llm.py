@@ -460,9 +460,9 @@ class _VLLMServer:
 
         if not torch.cuda.is_available():
             _patch_vllm_cpu_top_p()
-        self.folder = tempfile.mkdtemp(prefix="rlanything-vllm-")
-        config.save_pretrained(self.folder)
-        self.llm = LLM(model=self.folder, load_format="dummy", skip_tokenizer_init=True, dtype=dtype,
+        self.folder = tempfile.TemporaryDirectory(prefix="rlanything-vllm-")  # config.json only; removed with us
+        config.save_pretrained(self.folder.name)
+        self.llm = LLM(model=self.folder.name, load_format="dummy", skip_tokenizer_init=True, dtype=dtype,
                        max_model_len=max_model_len, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
                        enable_prefix_caching=True)
         self.holder = None          # the engine whose weights are loaded now
