@@ -77,12 +77,15 @@ def m_ceiling(args) -> None:
                  tok_s=gflops * 1e9 / flops_per_token, gflop_per_token=flops_per_token / 1e9)
 
 
-def policy_prompts(tokenizer, count: int) -> list[str]:
+def coding_adapter():
+    from tasks.livebench import Adapter
+    return Adapter(argparse.Namespace(data="", humaneval_limit=0, seed=0, sandbox_timeout=5.0))
+
+
+def policy_prompts(adapter, tokenizer, tasks) -> list[str]:
     """Realistic prompts: the built-in coding problems as P sees them, the answer's code fence prefilled."""
-    from tasks.livebench import CODE_PREFIX, Adapter
-    adapter = Adapter(argparse.Namespace(data="", humaneval_limit=0, seed=0))
-    tasks = adapter.tasks
-    return [adapter.policy_prompt(tasks[i % len(tasks)], tokenizer) + CODE_PREFIX for i in range(count)]
+    from tasks.livebench import CODE_PREFIX
+    return [adapter.policy_prompt(t, tokenizer) + CODE_PREFIX for t in tasks]
 
 
 def m_sampling(args) -> None:
@@ -91,7 +94,8 @@ def m_sampling(args) -> None:
     t0 = time.perf_counter()
     engine = llm.make_engines(args.engine, {"p": (model, tok)}, batch_size=64)["p"]
     startup = time.perf_counter() - t0
-    prompts = policy_prompts(tok, 64)
+    adapter = coding_adapter()
+    prompts = policy_prompts(adapter, tok, [adapter.tasks[i % len(adapter.tasks)] for i in range(64)])
     rates = []
     for _ in range(args.repeats):
         t0 = time.perf_counter()
@@ -165,10 +169,9 @@ def m_loop(args) -> None:
 
 
 def grpo_prompts(tokenizer, tasks_n: int = 4):
-    from tasks.livebench import CODE_PREFIX, Adapter
-    adapter = Adapter(argparse.Namespace(data="", humaneval_limit=0, seed=0, sandbox_timeout=5.0))
+    adapter = coding_adapter()
     tasks = adapter.train_tasks()[:tasks_n]
-    return adapter, tasks, [adapter.policy_prompt(t, tokenizer) + CODE_PREFIX for t in tasks]
+    return adapter, tasks, policy_prompts(adapter, tokenizer, tasks)
 
 
 def m_ours_grpo(args) -> None:
