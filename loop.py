@@ -382,7 +382,7 @@ def train(cfg: Config) -> Path:
     for it in range(start + 1, cfg.iterations + 1):
         llm.seed_everything(cfg.seed * 100_003 + it)  # per-iteration seed: a resumed run replays exactly
         t_iter, timings, synced = time.perf_counter(), {}, llm.sync_seconds(engines)
-        adapter.timings = timings  # the adapter adds time/sandbox (its share of rollout and judge)
+        adapter.timings = timings  # the adapter adds time/sandbox (its share of rollout, judge and eval)
         picked = env.pick_tasks(slots, cfg.tasks_per_iter, random.Random(cfg.seed * 100_003 + it))
         is_active = [t.id == slots[sid].active.id for sid, t in picked]  # the rest are pending rewrites
         with stage(timings, "rollout"):                                     # 2. P plays
