@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass, field
 
-from llm import render_chat
+from llm import prefilled, render_chat
 from tasks import Group, Task
 
 ALPHA_LOW, ALPHA_HIGH = 0.2, 0.8
@@ -107,8 +107,8 @@ def propose(requests: list[tuple[Slot, str, str]], adapter, mode: str, engine=No
         raise ValueError(f"unknown environment mode {mode!r}")
     prompts = [render_chat(engine.tokenizer, adapter.rewrite_prompt(slot.root, slot.active, d, feedback))
                for slot, d, feedback in requests]
-    outs = engine.generate(prompts, n=retries, temperature=temperature, top_p=0.95, max_new_tokens=max_new_tokens,
-                           desc="E proposes")
+    outs = prefilled(engine, prompts, getattr(adapter, "rewrite_prefix", ""), n=retries, temperature=temperature,
+                     top_p=0.95, max_new_tokens=max_new_tokens, desc="E proposes")
     result = []
     for (slot, _, _), tries in zip(requests, outs):
         for attempt, out in enumerate(tries, start=1):
@@ -121,7 +121,7 @@ def propose(requests: list[tuple[Slot, str, str]], adapter, mode: str, engine=No
 
 def update(slots: dict[str, Slot], picked: list[tuple[str, Task]], groups: list[Group], adapter, mode: str,
            engine=None, *, low: float = ALPHA_LOW, high: float = ALPHA_HIGH, retries: int = 4,
-           iteration: int = 0) -> tuple[list[Group], dict]:
+           max_new_tokens: int = 768, iteration: int = 0) -> tuple[list[Group], dict]:
     """METHOD.md step 4: decide the pending rewrites from their fresh accuracy, then propose new
     rewrites for slots outside [low, high]. Returns the groups that join this iteration's
     training data (active versions + accepted rewrites) and counts for the log."""
@@ -148,7 +148,8 @@ def update(slots: dict[str, Slot], picked: list[tuple[str, Task]], groups: list[
         d = direction(slots[sid].acc, low, high)
         if d and slots[sid].pending is None:
             requests.append((slots[sid], d, critic_feedback(g, adapter)))
-    for (slot, d, _), (task, tries) in zip(requests, propose(requests, adapter, mode, engine, retries=retries)):
+    for (slot, d, _), (task, tries) in zip(requests, propose(requests, adapter, mode, engine, retries=retries,
+                                                                      max_new_tokens=max_new_tokens)):
         stats["e_tries"] += tries
         if task is None:
             stats["failed"] += 1

@@ -5,6 +5,7 @@ forged together, one iteration at a time.
     python loop.py --task livebench --ablation grpo      # outcome-only GRPO (no R, λ = 0)
     python loop.py --task livebench --resume --name NAME # continue a killed run
     python loop.py --task livebench --eval-only --checkpoint runs/NAME
+    python loop.py --task alfworld                       # the LLM-agent setting, real ALFWorld engine
 
 One iteration (METHOD.md):
   1. pick the iteration's tasks: active versions + every pending rewrite
@@ -79,11 +80,13 @@ class Config:
     temperature: float = opt(1.0, "policy sampling temperature")
     top_p: float = opt(0.95, "policy nucleus sampling")
     max_new_tokens: int = opt(192, "policy tokens per step")
+    max_turns: int = opt(40, "agent tasks: step limit of an episode (paper, ALFWorld: 40)")
     rm_temperature: float = opt(0.8, "R sampling temperature")
     rm_max_new_tokens: int = opt(96, "R tokens per judgment / test")
     env_mode: str = opt("variants", "E's rewrites: variants (move along the ladder) or generate (E writes a task)",
                         choices=["variants", "generate"])
     env_retries: int = opt(4, "N: E's tries per proposal in generate mode")
+    env_max_new_tokens: int = opt(768, "E's tokens per try in generate mode")
     alpha_low: float = opt(0.2, "α_low of Eq. 4")
     alpha_high: float = opt(0.8, "α_high of Eq. 4")
     lr: float = opt(1e-5, "policy learning rate (paper: 1e-6 at 7B)")
@@ -93,6 +96,7 @@ class Config:
     clip_eps: float = opt(0.2, "PPO clip ε (Eq. 5)")
     kl_beta: float = opt(0.01, "KL β to the pre-update policy, k3 estimator (Eq. 5)")
     micro_batch: int = opt(4, "sequences per forward/backward (gradient accumulation)")
+    max_train_samples: int = opt(0, "per model and iteration, train on at most this many samples, drawn at random (0: all)")
     gen_batch: int = opt(64, "sequences per generate call")
     amp: bool = opt(True, "bf16 autocast for sampling and training, fp32 master weights (only where bf16 is native)")
     lora_rank: int = opt(0, "LoRA rank for P and R via peft (0: full fine-tune); vLLM gets the merged weights")
@@ -100,6 +104,7 @@ class Config:
     sandbox_timeout: float = opt(5.0, "seconds per program run")
     eval_every: int = opt(5, "evaluate every N iterations (0: only before and after; -1: never, e.g. for benchmarks)")
     eval_samples: int = opt(1, "policy samples per eval task")
+    eval_tasks: int = opt(0, "tasks per eval set, a fixed random subset (0: all)")
     eval_temperature: float = opt(0.0, "policy temperature at eval (0: greedy)")
     humaneval_limit: int = opt(10, "HumanEval problems in the OOD eval (0: none, -1: all 164)")
     data: str = opt("", "LiveBench coding questions as an extra eval set: a jsonl in LiveBench's format, or 'hub'")
@@ -139,10 +144,11 @@ def parse_args(argv=None) -> Config:
     """Flags → Config. With --resume, the run's saved config is the base and only the flags given
     on this command line change it (e.g. a larger --iterations to extend a run)."""
     cfg = Config(**vars(_parser(suppress=False).parse_args(argv)))
+    given = vars(_parser(suppress=True).parse_args(argv))
+    cfg = Config(**{**dataclasses.asdict(cfg), **tasks.defaults(cfg.task), **given})  # the task's CPU defaults
     if cfg.resume:
         saved = Path(cfg.runs_dir) / _run_name(cfg) / "config.json"
         if saved.exists():
-            given = vars(_parser(suppress=True).parse_args(argv))
             cfg = Config(**{**json.loads(saved.read_text()), **given})
     checks = [
         (cfg.group_size < 2, "--group-size must be at least 2 (advantages are z-scored over the group)"),
@@ -153,6 +159,8 @@ def parse_args(argv=None) -> Config:
         (cfg.eval_only and not cfg.checkpoint, "--eval-only needs --checkpoint (a run folder or a model folder)"),
         (cfg.ablation == "grpo" and cfg.lam not in (0.0, 1.0), "--ablation grpo has no reward model: --lam must stay unset"),
         (cfg.iterations < 0 or cfg.tasks_per_iter < 1, "--iterations must be >= 0 and --tasks-per-iter >= 1"),
+        (cfg.max_turns < 1 or cfg.max_train_samples < 0 or cfg.eval_tasks < 0,
+         "--max-turns must be >= 1, --max-train-samples and --eval-tasks >= 0"),
         (min(cfg.lr, cfg.rm_lr, cfg.temperature, cfg.max_new_tokens, cfg.policy_steps, cfg.rm_steps) <= 0,
          "learning rates, --temperature, --max-new-tokens and the step counts must be positive"),
     ]
@@ -253,7 +261,7 @@ def plot_curve(rows: list[dict], path: Path) -> None:
             ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
     axes[0].set_title("training accuracy (active tasks)")
-    axes[1].set_title("eval: Code / UT / Detect")
+    axes[1].set_title("eval: the paper's Table 1 columns")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -299,11 +307,13 @@ def build_models(cfg: Config, use_rm: bool, policy_init: str, rm_init: str, env_
 
 
 def print_table(results: dict) -> None:
+    """The paper's Table 1 columns for this setting (coding: Code / UT / Detect; agents: success,
+    Process Acc, Outcome Acc), one row per eval set, in %."""
     sets = sorted({k.split("/")[0] for k in results})
-    cols = ["code", "ut", "detect"]
-    print(f"{'eval set':<12}" + "".join(f"{c.upper():>9}" for c in cols))
+    cols = list(dict.fromkeys(k.split("/", 1)[1] for k in results))
+    print(f"{'eval set':<12}" + "".join(f"{c.upper():>13}" for c in cols))
     for s in sets:
-        print(f"{s:<12}" + "".join(f"{100 * results[f'{s}/{c}']:>9.1f}" if f"{s}/{c}" in results else f"{'-':>9}"
+        print(f"{s:<12}" + "".join(f"{100 * results[f'{s}/{c}']:>13.1f}" if f"{s}/{c}" in results else f"{'-':>13}"
                                    for c in cols))
 
 
@@ -395,7 +405,8 @@ def train(cfg: Config) -> Path:
             with stage(timings, "environment"):                             # 4. E adapts
                 train_groups, env_stats = env.update(
                     slots, picked, groups, adapter, cfg.env_mode, engines.get("environment"), low=cfg.alpha_low,
-                    high=cfg.alpha_high, retries=cfg.env_retries, iteration=it)
+                    high=cfg.alpha_high, retries=cfg.env_retries, max_new_tokens=cfg.env_max_new_tokens,
+                    iteration=it)
         else:
             train_groups = [g for g, a in zip(groups, is_active) if a]
         p_samples = policy.policy_samples(train_groups, cfg.lam, not cfg.zero_single, cfg.coding_reward)  # 5.
@@ -428,6 +439,8 @@ def train(cfg: Config) -> Path:
 def update(cfg: Config, model_tok_opt, engine, samples, steps: int, it: int, name: str) -> dict:
     """Eq. 5 on one model, then sync its engine."""
     model, tok, optimizer = model_tok_opt
+    if 0 < cfg.max_train_samples < len(samples):  # a compute budget per iteration, not in the paper
+        samples = random.Random(cfg.seed * 100_003 + it).sample(samples, cfg.max_train_samples)
     stats = llm.ppo_update(model, optimizer, samples, tok.pad_token_id, steps=steps, clip_eps=cfg.clip_eps,
                            kl_beta=cfg.kl_beta, micro_batch=cfg.micro_batch, amp=cfg.amp, seed=it)
     engine.sync()

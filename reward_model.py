@@ -117,6 +117,30 @@ def parse_test(text: str) -> tuple[str, str] | None:
     return stdin + "\n", out + "\n"
 
 
+def majority(verdicts: list[int]) -> int:
+    """R's majority verdict over its m judgments of a step: the sign of their sum (0 on a tie)."""
+    total = sum(verdicts)
+    return (total > 0) - (total < 0)
+
+
+def agent_metrics(rollouts) -> dict:
+    """R's accuracies in agent settings (paper Table 1), over judged rollouts.
+
+    Process Acc: share of labelled steps whose majority verdict equals the ground-truth label (±1);
+    a tie counts as a miss. Outcome Acc: share of rollouts where the sign of the mean step score
+    (the mean over steps of the mean verdict) equals the outcome; 0 counts as a miss.
+    """
+    steps = [st for ro in rollouts for st in ro.steps if st.label is not None and st.verdicts]
+    scored = [ro for ro in rollouts if ro.steps and all(st.verdicts for st in ro.steps)]
+    hits = sum(majority(st.verdicts) == st.label for st in steps)
+    outcome_hits = 0
+    for ro in scored:
+        score = sum(sum(st.verdicts) / len(st.verdicts) for st in ro.steps) / len(ro.steps)
+        outcome_hits += (score > 0) - (score < 0) == ro.outcome
+    return {"process_acc": hits / len(steps) if steps else float("nan"),
+            "outcome_acc": outcome_hits / len(scored) if scored else float("nan")}
+
+
 def rm_samples(groups, kind: str, acc_range: tuple[float, float] = RM_ACC_RANGE) -> list[Sample]:
     """Training samples for R from one iteration (run after policy.policy_samples filled step.reward).
 

@@ -13,6 +13,7 @@ functions over them. An adapter (one per setting) provides:
                                                     `generate` mode of E: E's prompt, and validation
     feedback(group) -> str                          critic feedback for E (Eq. 4)
     judge_kind: "steps" (R judges each step, Eq. 3) or "tests" (R writes unit tests, coding)
+    DEFAULTS (module level, optional): the setting's CPU defaults for loop.Config fields
     timings: dict                                   the loop's per-iteration timings; the adapter adds
                                                     its environment's share (sandbox, engine, browser)
 """
@@ -85,7 +86,12 @@ class TaskError(Exception):
     """Bad task name or data file; the message is one line for the user."""
 
 
-REGISTRY = {"livebench": "tasks.livebench"}
+REGISTRY = {"livebench": "tasks.livebench", "alfworld": "tasks.alfworld"}
+
+
+def defaults(name: str) -> dict:
+    """A setting's own CPU defaults (its module's DEFAULTS): flags given on the command line win."""
+    return getattr(importlib.import_module(REGISTRY[name]), "DEFAULTS", {}) if name in REGISTRY else {}
 
 
 def get(name: str, cfg):

@@ -27,7 +27,7 @@ import re
 import zlib
 from pathlib import Path
 
-from llm import render_chat
+from llm import prefilled, render_chat
 from reward_model import FUNCTIONAL_TEST_WRITER_PROMPT, TEST_WRITER_PROMPT, parse_test
 from tasks import Group, Rollout, Step, Task, TaskError, stage
 from tasks.sandbox import RunResult, outputs_match, run_many
@@ -215,15 +215,6 @@ def run_tests(task: Task, programs: list[str], tests: list[tuple[str, str] | Non
     jobs = [_test_job(task, p, t[0]) for p in programs for t in tests if t]
     results = iter(run_many(jobs, timeout=timeout))
     return [[_passed(task, t[1], next(results)) if t else False for t in tests] for _ in programs]
-
-
-def prefilled(engine, prompts: list[str], prefix: str, **kw):
-    """engine.generate with the assistant turn started by `prefix`; each completion's text includes it
-    (its ids stay the generated tokens only: the prefix is part of the prompt)."""
-    outs = engine.generate([p + prefix for p in prompts], **kw)
-    for c in (c for cs in outs for c in cs):
-        c.text = prefix + c.text
-    return outs
 
 
 # ───────────────────────────── metrics (paper Table 1) ─────────────────────────────

@@ -1,0 +1,370 @@
+"""The LLM-agent setting (paper §4.1, "ALFWorld"): P acts in ALFWorld's text household games for up
+to `max_turns` steps, R judges every step m times, E rewrites a goal's object and receptacle.
+
+- Engine: the real ALFWorld text engine (textworld's PDDL backend, fast-downward planner, ALFWorld's
+  wrappers). Games: the official files when ALFWORLD_DATA points at them (after `alfworld-download`),
+  else games generated offline from what the `alfworld` wheel ships (tasks/alfworld_games.py).
+- Policy step: one prompt with the goal, the room, the recent history and the numbered admissible
+  actions; the answer is an index in \\boxed{}. The assistant turn is prefilled with "\\boxed{" (as
+  the coding adapter prefills its code fence): a 135M model otherwise rarely answers with an index.
+  With a 7B policy, set ANSWER_PREFIX = "" and a larger --max-new-tokens to let it reason first.
+  An unparseable answer is a wasted step ("Nothing happens."); the episode goes on.
+- R sees the step (goal, history, observation), the chosen action with P's response, and the next
+  observation, and writes a short reasoning and \\boxed{1} or \\boxed{-1}. Deviation: R's prompt leaves
+  out the list of admissible actions (it judges the action taken, not the menu): 40% shorter prompts.
+- Ground truth for R's Process Acc: after every step the planner replans from the new state; a step
+  is good iff the game is won by it or the plan got exactly one step shorter (the action lies on a
+  shortest plan, as far as the planner's plan is shortest). Labels are computed where Process Acc is
+  measured, in evaluation (`labels=True`); training never uses them (R learns from consistency, Eq. 3),
+  so training rollouts skip the planner, which was 60% of the engine's time per step.
+- E: \\boxed{OBJ,REC} from the types present in the scene; the planner must solve the new game.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llm import prefilled, render_chat
+from reward_model import agent_metrics, parse_verdict
+from tasks import Group, Rollout, Step, Task, TaskError, stage
+from tasks import alfworld_games as games
+
+DEFAULTS = {  # CPU defaults for this setting (each one a flag); paper (GPU): 16 tasks × G 8, 40 turns, m 3
+    "tasks_per_iter": 4, "group_size": 8, "max_turns": 15, "max_new_tokens": 6, "m": 3, "rm_max_new_tokens": 48,
+    "temperature": 0.8, "rm_temperature": 0.8, "env_mode": "generate", "env_retries": 8, "env_max_new_tokens": 32,
+    "eval_every": 0,
+    "eval_tasks": 24, "max_train_samples": 48,
+}
+ANSWER_PREFIX = "\\boxed{"   # prefilled start of P's answer (see the module docstring)
+HISTORY = 3                  # (action, observation) pairs the prompts show
+SPLITS = {"train": "train", "in_domain": "valid_seen", "ood": "valid_unseen"}
+TYPE_TEXT = {"pick_and_place_simple": "put an object in a receptacle",
+             "look_at_obj_in_light": "look at an object under a lamp",
+             "pick_clean_then_place_in_recep": "clean an object and put it in a receptacle",
+             "pick_heat_then_place_in_recep": "heat an object and put it in a receptacle",
+             "pick_cool_then_place_in_recep": "cool an object and put it in a receptacle",
+             "pick_two_obj_and_place": "put two objects in a receptacle"}
+
+POLICY_PROMPT = """You are a household robot in a text game. {room}
+
+{history}Now: {obs}
+
+Admissible actions:
+{actions}
+
+Choose the next action. Reply with its number in \\boxed{{}}."""
+
+JUDGE_PROMPT = """A household robot plays a text game. Its task: {goal}.
+
+{history}Before the step: {obs}
+
+The robot answered: {response}
+Action taken: {action}
+Result: {next_obs}
+
+Was this a good step towards the task? Explain in one sentence, then answer \\boxed{{1}} (good) or \\boxed{{-1}} (bad)."""
+
+REWRITE_PROMPT = """You design tasks for a household robot in a text game. Make the task below {direction} for the \
+robot by choosing a new {what} from this room.
+
+Task type: {type_text}
+Current task: {goal}
+Objects in this room: {objects}
+{rec_label} in this room: {receptacles}
+
+What the critics saw when the robot tried the current task:
+{feedback}
+
+Answer with your choice as \\boxed{{OBJECT,{rec_upper}}}, for example \\boxed{{{example}}}."""
+
+_BOXED_INT = re.compile(r"\\boxed\{\s*(\d+)\s*\}")
+_BOXED_PAIR = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+def parse_choice(text: str, n: int) -> int | None:
+    """The 1-based index in the last \\boxed{k} of an answer, if 1 <= k <= n."""
+    found = _BOXED_INT.findall(text)
+    return int(found[-1]) if found and 1 <= int(found[-1]) <= n else None
+
+
+def step_label(plan_before: list[str], plan_after: list[str], won: bool) -> int:
+    """Planner ground truth of a step: +1 iff it won the game or the plan got exactly one step shorter."""
+    return 1 if won or (plan_before and len(plan_after) == len(plan_before) - 1) else -1
+
+
+# ───────────────────────────── games → tasks ─────────────────────────────
+
+def task_from_game(path: Path, split: str) -> Task:
+    doc = json.loads(path.read_text())
+    traj = json.loads((path.parent / "traj_data.json").read_text())
+    p = traj["pddl_params"]
+    return Task(id=f"{split}/{path.parent.parent.name}/{path.parent.name}", prompt=games.goal_from_game(doc),
+                origin="original", data={"game": str(path), "split": split, "task_type": traj["task_type"],
+                                         "obj": p["object_target"], "recep": p["parent_target"],
+                                         "toggle": p["toggle_target"], "plan": len(doc.get("walkthrough") or [])})
+
+
+def load_split(root: Path, split: str) -> list[Task]:
+    """Every solvable game of one split in alfworld-download's layout (root/json_2.1.1/<split>/<task>/<trial>/),
+    skipping what ALFWorld skips (movable-receptacle and sliced tasks, games marked unsolvable)."""
+    tasks = []
+    for path in sorted((root / "json_2.1.1" / split).glob("*/*/game.tw-pddl")):
+        if ("movable" in str(path) or "Sliced" in str(path) or path.parent.name.endswith(".tmp")  # .tmp: unfinished
+                or not (path.parent / "traj_data.json").exists()):
+            continue
+        try:
+            if json.loads(path.read_text()).get("solvable", True) is False:
+                continue
+            tasks.append(task_from_game(path, split))
+        except (json.JSONDecodeError, KeyError) as e:
+            raise TaskError(f"{path}: not an ALFWorld game ({e!r})") from None
+    return tasks
+
+
+def scene_of(task: Task) -> dict:
+    """The scene of a task's game: scene.json (generated games), else read back from its PDDL problem."""
+    path = Path(task.data["game"])
+    if (path.parent / "scene.json").exists():
+        return json.loads((path.parent / "scene.json").read_text())
+    return games.scene_from_problem(json.loads(path.read_text())["pddl_problem"])
+
+
+# ───────────────────────────── episodes ─────────────────────────────
+
+@dataclass
+class Episode:
+    task: Task
+    env: object
+    room: str                                   # the first observation: the room and the task
+    obs: str                                    # the current observation
+    admissible: list[str]
+    plan: list[str] | None                      # the planner's plan from the current state (labels only)
+    history: list[tuple[str, str]] = field(default_factory=list)   # (action, observation)
+    steps: list[Step] = field(default_factory=list)
+    judge_prompts: list[str] = field(default_factory=list)
+    won: bool = False
+    invalid: int = 0
+
+
+def _clean(text: str) -> str:
+    return text.replace("-= Welcome to TextWorld, ALFRED! =-", "").strip()
+
+
+def _history(ep: Episode) -> str:
+    """The last HISTORY actions taken and what followed (wasted steps, with no action, are not shown:
+    a small model copies their placeholder text)."""
+    recent = [(a, o) for a, o in ep.history if a is not None][-HISTORY:]
+    return "".join(f"> {a}\n{o[:300]}\n" for a, o in recent) + "\n" if recent else ""
+
+
+class Adapter:
+    """ALFWorld adapter: multi-turn episodes on the real engine, R judges each step (Eq. 3)."""
+
+    judge_kind = "steps"
+    rewrite_prefix = ANSWER_PREFIX  # E's answer starts "\\boxed{" too: a 135M E otherwise never writes one
+
+    def __init__(self, cfg):
+        self.cfg, self.timings = cfg, {}
+        official = os.environ.get("ALFWORLD_DATA")
+        if official:
+            self.root = Path(official)
+            if not (self.root / "json_2.1.1").is_dir():
+                raise TaskError(f"ALFWORLD_DATA={official}: no json_2.1.1/ folder (run alfworld-download, or unset it)")
+        else:
+            self.root = games.games_root(cfg.seed)
+            if not (self.root / "report.json").exists():
+                print(f"[alfworld] generating games offline into {self.root} (once; resumes if interrupted)")
+                report = games.generate(cfg.seed, workers=max(os.cpu_count() or 1, 1), root=self.root)
+                (self.root / "report.json").write_text(json.dumps(report, indent=1))
+        self.splits = {name: load_split(self.root, folder) for name, folder in SPLITS.items()}
+        if not self.splits["train"]:
+            raise TaskError(f"no ALFWorld training games under {self.root}/json_2.1.1/train")
+        self.rewrites = self.root / "rewrites"
+        self._envs: dict[tuple, list] = {}   # (game path, planning) → idle engines, reused across iterations
+        self.labels = False                  # planner labels for every step (set during evaluation)
+
+    # — task sets —
+    def train_tasks(self) -> list[Task]:
+        return self.splits["train"]
+
+    def eval_sets(self) -> dict[str, list[Task]]:
+        n = self.cfg.eval_tasks
+        return {name: (random.Random(self.cfg.seed).sample(ts, n) if 0 < n < len(ts) else ts)
+                for name, ts in self.splits.items() if name != "train" and ts}
+
+    # — the engine —
+    def _key(self, task: Task) -> tuple:
+        return task.data["game"], "step" if self.labels else "none"
+
+    def _release(self, episodes: list[Episode]) -> None:
+        for ep in episodes:
+            self._envs[self._key(ep.task)].append(ep.env)
+        while sum(map(len, self._envs.values())) > 4 * self.cfg.tasks_per_iter * self.cfg.group_size:
+            game = next(g for g, envs in self._envs.items() if envs)  # oldest first
+            self._envs.pop(game)[0].close()
+
+    def _start(self, task: Task) -> Episode:
+        idle = self._envs.setdefault(self._key(task), [])
+        env = idle.pop() if idle else games.open_env(Path(task.data["game"]), self._key(task)[1])
+        state = env.reset()
+        room = _clean(state["feedback"])
+        return Episode(task, env, room, room, list(state["admissible_commands"]),
+                       list(state["extra.expert_plan"]) if self.labels else None)
+
+    def _act(self, ep: Episode, prompt: str, completion) -> None:
+        """Apply P's answer: one engine step (or a wasted one), one Step with its planner label."""
+        choice = parse_choice(completion.text, len(ep.admissible))
+        label = None
+        if choice is None:
+            action, obs, ep.invalid = None, "Nothing happens.", ep.invalid + 1
+            label = -1 if self.labels else None
+        else:
+            action = ep.admissible[choice - 1]
+            state, _, _ = ep.env.step(action)
+            obs, ep.won, ep.admissible = _clean(state["feedback"]), bool(state["won"]), list(state["admissible_commands"])
+            if self.labels:
+                plan = list(state["extra.expert_plan"])
+                label, ep.plan = step_label(ep.plan, plan, ep.won), plan
+        ep.judge_prompts.append(JUDGE_PROMPT.format(goal=ep.task.prompt, history=_history(ep), obs=ep.obs[:600],
+                                                    response=completion.text.strip()[:300],
+                                                    action=action or "none (no valid action number)",
+                                                    next_obs=obs[:600]))
+        ep.steps.append(Step(prompt, completion.prompt_ids, completion.text, completion.ids, observation=obs,
+                             label=label))
+        ep.history.append((action, obs))
+        ep.obs = obs
+
+    def policy_prompt(self, ep: Episode, tokenizer) -> str:
+        actions = "\n".join(f"{i}. {a}" for i, a in enumerate(ep.admissible, 1))
+        return render_chat(tokenizer, POLICY_PROMPT.format(room=ep.room, history=_history(ep), obs=ep.obs[:600],
+                                                           actions=actions))
+
+    # — P plays: every live episode in one generate call per turn —
+    def rollout(self, tasks: list[Task], G: int, engine, cfg, temperature: float | None = None) -> list[Group]:
+        with stage(self.timings, "engine"):
+            episodes = [self._start(t) for t in tasks for _ in range(G)]
+        for _ in range(cfg.max_turns):
+            live = [ep for ep in episodes if not ep.won and len(ep.steps) < cfg.max_turns]
+            if not live:
+                break
+            prompts = [self.policy_prompt(ep, engine.tokenizer) for ep in live]
+            outs = prefilled(engine, prompts, ANSWER_PREFIX, n=1, max_new_tokens=cfg.max_new_tokens, top_p=cfg.top_p,
+                             temperature=cfg.temperature if temperature is None else temperature)
+            with stage(self.timings, "engine"):
+                for ep, prompt, (c,) in zip(live, prompts, outs):
+                    self._act(ep, prompt + ANSWER_PREFIX, c)
+        self._release(episodes)
+        groups = []
+        for k, task in enumerate(tasks):
+            mine = episodes[k * G:(k + 1) * G]
+            groups.append(Group(task, [Rollout(task.id, ep.steps, 1 if ep.won else -1, float(ep.won),
+                                               info={"judge_prompts": ep.judge_prompts, "invalid": ep.invalid,
+                                                     "actions": [a or "(invalid)" for a, _ in ep.history]})
+                                  for ep in mine]))
+        return groups
+
+    # — R judges every step m times, in one batched call —
+    def judge(self, groups: list[Group], engine, cfg) -> None:
+        steps = [(st, p) for g in groups for ro in g.rollouts for st, p in zip(ro.steps, ro.info["judge_prompts"])]
+        outs = engine.generate([render_chat(engine.tokenizer, p) for _, p in steps], n=cfg.m,
+                               temperature=cfg.rm_temperature, top_p=1.0, max_new_tokens=cfg.rm_max_new_tokens)
+        for (st, _), judgments in zip(steps, outs):
+            st.judgments = judgments
+            st.verdicts = [parse_verdict(c.text) for c in judgments]  # S_{τ_i,j} ∈ {+1, −1, 0}
+
+    # — evaluation: the paper's Table 1 columns for ALFWorld —
+    def evaluate(self, sets: dict[str, list[Task]], policy, rm, cfg) -> dict:
+        """Success per eval set, and with R: Process Acc and Outcome Acc (reward_model.agent_metrics)."""
+        names = [name for name, ts in sets.items() for _ in ts]
+        self.labels = True
+        try:
+            groups = self.rollout([t for ts in sets.values() for t in ts], cfg.eval_samples, policy, cfg,
+                                  temperature=cfg.eval_temperature)
+        finally:
+            self.labels = False
+        if rm is not None:
+            self.judge(groups, rm, cfg)
+        out = {}
+        for name in sets:
+            mine = [g for g, n in zip(groups, names) if n == name]
+            out[f"{name}/success"] = sum(g.acc for g in mine) / len(mine)
+            if rm is not None:
+                m = agent_metrics([ro for g in mine for ro in g.rollouts])
+                out[f"{name}/process_acc"], out[f"{name}/outcome_acc"] = m["process_acc"], m["outcome_acc"]
+        return out
+
+    # — E: a new object / receptacle for the goal, checked by the planner —
+    def rewrite_prompt(self, root: Task, active: Task, direction: str, feedback: str) -> str:
+        objects, receptacles = games.scene_types(scene_of(root))
+        look = root.data["task_type"] == "look_at_obj_in_light"
+        movable = [o for o in objects if o not in games.LAMPS]
+        recs = [o for o in objects if o in games.LAMPS] if look else receptacles
+        example = f"{movable[0] if movable else 'Apple'},{recs[0] if recs else 'Fridge'}"
+        return REWRITE_PROMPT.format(direction=direction, what="object and lamp" if look else "object and receptacle",
+                                     type_text=TYPE_TEXT[root.data["task_type"]], goal=active.prompt,
+                                     objects=", ".join(movable), rec_label="Lamps" if look else "Receptacles",
+                                     receptacles=", ".join(recs), feedback=feedback or "(none)",
+                                     rec_upper="LAMP" if look else "RECEPTACLE", example=example)
+
+    def parse_rewrite(self, root: Task, text: str) -> Task | None:
+        """A valid rewrite names an object and a receptacle (lamp) present in the scene, poses a goal the
+        scene allows, and the planner wins the new game on the engine."""
+        boxes = _BOXED_PAIR.findall(text)
+        parts = [p.strip() for p in boxes[-1].split(",")] if boxes else []
+        if len(parts) != 2:
+            return None
+        return self.make_variant(root, *parts)
+
+    def make_variant(self, root: Task, obj: str, rec: str) -> Task | None:
+        scene = scene_of(root)
+        objects, receptacles = games.scene_types(scene)
+        canon = {t.lower(): t for t in objects + receptacles}
+        obj, rec = canon.get(obj.lower().replace(" ", "")), canon.get(rec.lower().replace(" ", ""))
+        if obj is None or rec is None:
+            return None  # a type absent from the scene
+        look = root.data["task_type"] == "look_at_obj_in_light"
+        goal = games.Goal(root.data["task_type"], obj, "" if look else rec, rec if look else "")
+        if games.goal_problems(scene, goal) is not None:
+            return None
+        folder = self.rewrites / games.game_id(scene, goal) / "trial_0"
+        if not (folder / "game.tw-pddl").exists():
+            scratch = games.write_game(folder.with_name("trial_0.tmp"), scene, goal, [])
+            with stage(self.timings, "engine"):
+                plan = games.solve(scratch)
+            if plan is None:
+                return None
+            games.write_game(folder, scene, goal, plan)
+        task = task_from_game(folder / "game.tw-pddl", "train")
+        task.origin = "generated"
+        return task
+
+    # — E, variants mode: another goal of the same type in the same scene, ranked by difficulty —
+    def difficulty(self, task: Task) -> tuple[int, int]:
+        """(planner's plan length, −instances of the target object): a longer plan, or fewer objects to
+        find, is harder."""
+        objs = [t for t, _ in scene_of(task)["objects"].values()]
+        return task.data["plan"], -objs.count(task.data["obj"])
+
+    def variant(self, task: Task, direction: str) -> Task | None:
+        """The nearest harder (easier) of up to 8 other planner-checked goals of the scene."""
+        scene = scene_of(task)
+        rng = random.Random(f"{task.id}-{direction}")
+        options = dict.fromkeys(g for g in (games.sample_goal(scene, task.data["task_type"], rng) for _ in range(8)) if g)
+        found = [v for g in options if (v := self.make_variant(task, g.obj, g.recep or g.toggle))]
+        here, sign = self.difficulty(task), 1 if direction == "harder" else -1
+        found = [v for v in found if (self.difficulty(v) > here if sign > 0 else self.difficulty(v) < here)]
+        return min(found, key=lambda v: tuple(sign * x for x in self.difficulty(v)), default=None)
+
+    # — critic feedback for E: failure summaries —
+    def feedback(self, group: Group) -> str:
+        lines = []
+        for k, ro in enumerate(group.rollouts):
+            if ro.outcome < 0:
+                acts = ro.info["actions"]
+                lines.append(f"rollout {k}: not done in {len(acts)} steps ({ro.info['invalid']} invalid answers); "
+                             f"last actions: {'; '.join(acts[-3:])}")
+        return "\n".join(lines[:4]) or f"all {len(group.rollouts)} rollouts succeeded"
