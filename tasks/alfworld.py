@@ -204,8 +204,8 @@ class Adapter:
         for ep in episodes:
             self._envs[self._key(ep.task)].append(ep.env)
         while sum(map(len, self._envs.values())) > 4 * self.cfg.tasks_per_iter * self.cfg.group_size:
-            game = next(g for g, envs in self._envs.items() if envs)  # oldest first
-            self._envs.pop(game)[0].close()
+            for env in self._envs.pop(next(iter(self._envs))):  # the game least recently added first
+                env.close()
 
     def _start(self, task: Task) -> Episode:
         idle = self._envs.setdefault(self._key(task), [])

@@ -45,9 +45,9 @@ AFFORDANCE = {"pick_clean_then_place_in_recep": "Cleanable", "pick_heat_then_pla
               "pick_cool_then_place_in_recep": "Coolable"}
 LAMPS = ("DeskLamp", "FloorLamp")
 BASIN = {"Sink": "SinkBasin", "Bathtub": "BathtubBasin"}  # the layouts record the fixture, the domain uses the basin
-MAX_TYPES = 10            # object types placed per scene (besides lamps)
-INSTANCES = (1, 1, 2, 3)
-MAX_RECEPTACLES_PICK_TWO = 20  # kitchens have 25-36: fast-downward then needs ~24 s per pick-two plan  # instances per object type present, sampled (ALFRED's scenes hold 1 to 3)
+MAX_TYPES = 10                 # object types placed per scene (besides lamps)
+INSTANCES = (1, 1, 2, 3)       # instances per object type placed, sampled (ALFRED's scenes hold 1 to 3)
+MAX_RECEPTACLES_PICK_TWO = 20  # kitchens have 25-36: fast-downward then needs ~24 s per pick-two plan
 
 
 def _alfworld():
@@ -127,7 +127,8 @@ def demangle(name: str) -> str:
 
 def scene_from_problem(pddl: str) -> dict:
     """A scene read back from a game's PDDL problem (an official game has no scene.json)."""
-    facts = lambda name: re.findall(rf"\({name}\s+(\S+)\s+(\S+?)\)", pddl)  # noqa: E731
+    init = pddl[pddl.index("(:init"):pddl.index("(:goal")]
+    facts = lambda name: re.findall(rf"\({name}\s+(\S+)\s+(\S+?)\)", init)  # noqa: E731
     rtype = {r: t.removesuffix("Type") for r, t in facts("receptacleType")}
     at = dict(facts("receptacleAtLocation"))
     inside = dict(facts("inReceptacle"))
@@ -247,14 +248,15 @@ def game_id(scene: dict, goal: Goal) -> str:
     return f"{goal.task_type}-{goal.obj}-{goal.recep or goal.toggle}-{scene['floorplan']}-{digest}"
 
 
-def write_game(folder: Path, scene: dict, goal: Goal, plan: list[str], variant: int = 0) -> Path:
+def write_game(folder: Path, scene: dict, goal: Goal, plan: list[str], variant: int = 0, seconds: float = 0.0) -> Path:
     """game.tw-pddl + traj_data.json (+ scene.json, which lets E rewrite the goal) in `folder`."""
     folder.mkdir(parents=True, exist_ok=True)
     doc = game_json(scene, goal, folder.name, variant)
     doc["walkthrough"] = plan
     (folder / "traj_data.json").write_text(json.dumps({"task_type": goal.task_type, "pddl_params": goal.params(),
                                                        "scene": {"floor_plan": f"FloorPlan{scene['floorplan']}"},
-                                                       "task_desc": task_text(goal, variant)}))
+                                                       "task_desc": task_text(goal, variant),
+                                                       "generation_seconds": seconds}))
     (folder / "scene.json").write_text(json.dumps(scene))
     tmp = folder / "game.tw-pddl.tmp"
     tmp.write_text(json.dumps(doc))
@@ -347,20 +349,21 @@ def _candidate(args) -> dict:
     goal = sample_goal(scene, task_type, random.Random(f"goal-{floorplan}-{layout}-{task_type}-{seed}"))
     if goal is None:
         return {"split": split, "task_type": task_type, "status": "not posable"}
-    t0 = time.perf_counter()
+    result = {"split": split, "task_type": task_type, "status": "kept"}
     folder = Path(root) / "json_2.1.1" / split / game_id(scene, goal) / "trial_0"
-    if (folder / "game.tw-pddl").exists():
-        return {"split": split, "task_type": task_type, "status": "kept", "seconds": 0.0, "cached": True}
+    if (folder / "game.tw-pddl").exists():  # made by an earlier run: its own time
+        return result | {"seconds": json.loads((folder / "traj_data.json").read_text()).get("generation_seconds")}
+    t0 = time.perf_counter()
     variant = random.Random(f"text-{floorplan}-{layout}-{task_type}").randrange(2)
     scratch = folder.with_name("trial_0.tmp")
     plan = solve(write_game(scratch, scene, goal, [], variant))
-    if plan is None:
-        shutil.rmtree(scratch.parent, ignore_errors=True)
-        return {"split": split, "task_type": task_type, "status": "unsolvable", "seconds": time.perf_counter() - t0}
-    write_game(folder, scene, goal, plan, variant)
     shutil.rmtree(scratch, ignore_errors=True)
-    return {"split": split, "task_type": task_type, "status": "kept", "seconds": time.perf_counter() - t0,
-            "plan": len(plan)}
+    if plan is None:
+        if not any(folder.parent.iterdir()):
+            folder.parent.rmdir()
+        return result | {"status": "unsolvable", "seconds": time.perf_counter() - t0}
+    write_game(folder, scene, goal, plan, variant, seconds=time.perf_counter() - t0)
+    return result | {"seconds": time.perf_counter() - t0}
 
 
 def generate(seed: int = 0, workers: int = 2, root: Path | None = None, splits: dict | None = None,
@@ -385,11 +388,11 @@ def generate(seed: int = 0, workers: int = 2, root: Path | None = None, splits: 
 def report(results: list[dict]) -> dict:
     kept = [r for r in results if r["status"] == "kept"]
     verified = [r for r in results if r["status"] != "not posable"]
-    timed = [r["seconds"] for r in verified if not r.get("cached")]
+    timed = sorted(r["seconds"] for r in verified if r.get("seconds"))  # candidate → verified game (or not)
     out = {"games_per_split": {}, "games_per_task_type": {}, "candidates": len(results),
            "not_posable": len(results) - len(verified), "unsolvable": len(verified) - len(kept),
            "rejected_share": (len(verified) - len(kept)) / max(len(verified), 1),
-           "seconds_per_game": sorted(timed)[len(timed) // 2] if timed else None,
+           "seconds_per_game": timed[len(timed) // 2] if timed else None,
            "seconds_per_game_mean": sum(timed) / len(timed) if timed else None}
     for r in kept:
         out["games_per_split"][r["split"]] = out["games_per_split"].get(r["split"], 0) + 1

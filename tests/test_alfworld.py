@@ -97,7 +97,12 @@ class ScriptedEngine:
 def test_rollout_batches_turns_and_unparseable_episodes_run_to_the_step_limit(adapter):
     cfg = SimpleNamespace(max_turns=4, max_new_tokens=4, top_p=1.0, temperature=1.0, m=2, rm_temperature=1.0,
                           rm_max_new_tokens=4)
-    groups = adapter.rollout(adapter.splits["train"][:2], 2, ScriptedEngine("no number here"), cfg)
+    adapter.labels = False  # as in training: no planner, no labels
+    try:
+        groups = adapter.rollout(adapter.splits["train"][:2], 2, ScriptedEngine("no number here"), cfg)
+    finally:
+        adapter.labels = True
+    assert all(st.label is None for g in groups for ro in g.rollouts for st in ro.steps)
     assert [len(g.rollouts) for g in groups] == [2, 2]
     assert all(len(ro.steps) == 4 and ro.outcome == -1 and ro.info["invalid"] == 4 for g in groups for ro in g.rollouts)
     adapter.judge(groups, ScriptedEngine("Looks wrong. \\boxed{-1}"), cfg)
@@ -212,6 +217,14 @@ def test_cli_two_iterations_each_ablation(data, tmp_path, ablation):
     assert ("env/proposed" in rows[1]) == (ablation == "full")
     samples = (tmp_path / "x" / "samples" / "iter_0002.txt").read_text()
     assert "TASK train/" in samples and "rollout 1 step 2 |" in samples  # G 2, 3 turns
+    if ablation == "full":  # --eval-only prints the paper's Table 1 columns for ALFWorld
+        r = subprocess.run([sys.executable, str(ROOT / "loop.py"), "--task", "alfworld", "--model", "tiny", "--engine",
+                            "hf", "--max-turns", "2", "--eval-tasks", "2", "--m", "2", "--rm-max-new-tokens", "8",
+                            "--eval-only", "--checkpoint", str(tmp_path / "x")], cwd=ROOT, capture_output=True,
+                           text=True, timeout=900, env={**os.environ, "ALFWORLD_DATA": str(data)})
+        assert r.returncode == 0, r.stderr[-3000:]
+        header, *rows = [line.split() for line in r.stdout.splitlines() if line.startswith(("eval set", "in_domain", "ood"))]
+        assert header == ["eval", "set", "SUCCESS", "PROCESS_ACC", "OUTCOME_ACC"] and [x[0] for x in rows] == ["in_domain", "ood"]
 
 
 def test_agent_metrics_hand_worked():
@@ -226,3 +239,11 @@ def test_agent_metrics_hand_worked():
     assert agent_metrics([won, lost]) == {"process_acc": 0.5, "outcome_acc": 1.0}
     g = Group(None, [won, lost])
     assert g.acc == 0.5
+
+
+def test_scene_reads_back_from_its_pddl_problem():
+    scene = games.load_scene(301, 0)
+    goal = games.sample_goal(scene, "pick_and_place_simple", __import__("random").Random(0))
+    back = games.scene_from_problem(games.problem_pddl(scene, goal, "p"))
+    assert back["receptacles"] == scene["receptacles"] and back["objects"] == scene["objects"]
+    assert back["start"] == scene["start"] and games.scene_types(back) == games.scene_types(scene)
