@@ -184,7 +184,7 @@ class Adapter:
         if not self.splits["train"]:
             raise TaskError(f"no ALFWorld training games under {self.root}/json_2.1.1/train")
         self.rewrites = self.root / "rewrites"
-        self._envs: dict[tuple, list] = {}   # (game path, planning) → idle engines, reused across iterations
+        self._envs: dict[str, list] = {}     # planning mode → idle engines, reused for any game (see _start)
         self.labels = False                  # planner labels for every step (set during evaluation)
 
     # — task sets —
@@ -197,19 +197,20 @@ class Adapter:
                 for name, ts in self.splits.items() if name != "train" and ts}
 
     # — the engine —
-    def _key(self, task: Task) -> tuple:
-        return task.data["game"], "step" if self.labels else "none"
-
     def _release(self, episodes: list[Episode]) -> None:
-        for ep in episodes:
-            self._envs[self._key(ep.task)].append(ep.env)
-        while sum(map(len, self._envs.values())) > 4 * self.cfg.tasks_per_iter * self.cfg.group_size:
-            for env in self._envs.pop(next(iter(self._envs))):  # the game least recently added first
-                env.close()
+        self._envs.setdefault("step" if self.labels else "none", []).extend(ep.env for ep in episodes)
 
     def _start(self, task: Task) -> Episode:
-        idle = self._envs.setdefault(self._key(task), [])
-        env = idle.pop() if idle else games.open_env(Path(task.data["game"]), self._key(task)[1])
+        """An episode on an idle engine, which loads this game. Each engine holds its own copy of
+        fast-downward's library, never unloaded: opening engines per game grew the process without
+        bound (8 rollouts of 32 episodes on new games: 0.52 → 1.08 GiB; reused: 0.52 → 0.58 GiB).
+        The pool is as large as the most episodes ever run at once."""
+        idle = self._envs.setdefault("step" if self.labels else "none", [])
+        if idle:
+            env = idle.pop()
+            env.load(task.data["game"])
+        else:
+            env = games.open_env(Path(task.data["game"]), "step" if self.labels else "none")
         state = env.reset()
         room = _clean(state["feedback"])
         return Episode(task, env, room, room, list(state["admissible_commands"]),
