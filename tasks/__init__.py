@@ -89,6 +89,17 @@ class TaskError(Exception):
 REGISTRY = {"livebench": "tasks.livebench", "alfworld": "tasks.alfworld"}
 
 
+def eval_groups(adapter, sets: dict[str, list[Task]], policy, rm, cfg) -> dict[str, list[Group]]:
+    """Every eval set played in ONE rollout call (and judged in one call when R is given), then split
+    back by set: bigger batches are faster. eval set name → its groups."""
+    names = [name for name, ts in sets.items() for _ in ts]
+    groups = adapter.rollout([t for ts in sets.values() for t in ts], cfg.eval_samples, policy, cfg,
+                             temperature=cfg.eval_temperature)
+    if rm is not None:
+        adapter.judge(groups, rm, cfg)
+    return {name: [g for g, n in zip(groups, names) if n == name] for name in sets}
+
+
 def defaults(name: str) -> dict:
     """A setting's own CPU defaults (its module's DEFAULTS): flags given on the command line win."""
     return getattr(importlib.import_module(REGISTRY[name]), "DEFAULTS", {}) if name in REGISTRY else {}

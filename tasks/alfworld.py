@@ -30,7 +30,7 @@ from pathlib import Path
 
 from llm import prefilled, render_chat
 from reward_model import agent_metrics, parse_verdict
-from tasks import Group, Rollout, Step, Task, TaskError, stage
+from tasks import Group, Rollout, Step, Task, TaskError, eval_groups, stage
 from tasks import alfworld_games as games
 
 DEFAULTS = {  # CPU defaults for this setting (each one a flag); paper (GPU): 16 tasks × G 8, 40 turns, m 3
@@ -98,8 +98,9 @@ def step_label(plan_before: list[str], plan_after: list[str], won: bool) -> int:
 
 # ───────────────────────────── games → tasks ─────────────────────────────
 
-def task_from_game(path: Path, split: str) -> Task:
-    doc = json.loads(path.read_text())
+def task_from_game(path: Path, split: str, doc: dict | None = None) -> Task:
+    """A game as a Task (`doc`: the game's JSON, when the caller has read it already)."""
+    doc = doc or json.loads(path.read_text())
     traj = json.loads((path.parent / "traj_data.json").read_text())
     p = traj["pddl_params"]
     return Task(id=f"{split}/{path.parent.parent.name}/{path.parent.name}", prompt=games.goal_from_game(doc),
@@ -117,9 +118,9 @@ def load_split(root: Path, split: str) -> list[Task]:
                 or not (path.parent / "traj_data.json").exists()):
             continue
         try:
-            if json.loads(path.read_text()).get("solvable", True) is False:
-                continue
-            tasks.append(task_from_game(path, split))
+            doc = json.loads(path.read_text())
+            if doc.get("solvable", True) is not False:
+                tasks.append(task_from_game(path, split, doc))
         except (json.JSONDecodeError, KeyError) as e:
             raise TaskError(f"{path}: not an ALFWorld game ({e!r})") from None
     return tasks
@@ -280,18 +281,13 @@ class Adapter:
     # — evaluation: the paper's Table 1 columns for ALFWorld —
     def evaluate(self, sets: dict[str, list[Task]], policy, rm, cfg) -> dict:
         """Success per eval set, and with R: Process Acc and Outcome Acc (reward_model.agent_metrics)."""
-        names = [name for name, ts in sets.items() for _ in ts]
         self.labels = True
         try:
-            groups = self.rollout([t for ts in sets.values() for t in ts], cfg.eval_samples, policy, cfg,
-                                  temperature=cfg.eval_temperature)
+            played = eval_groups(self, sets, policy, rm, cfg)
         finally:
             self.labels = False
-        if rm is not None:
-            self.judge(groups, rm, cfg)
         out = {}
-        for name in sets:
-            mine = [g for g, n in zip(groups, names) if n == name]
+        for name, mine in played.items():
             out[f"{name}/success"] = sum(g.acc for g in mine) / len(mine)
             if rm is not None:
                 m = agent_metrics([ro for g in mine for ro in g.rollouts])

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from llm import prefilled, render_chat
 from reward_model import FUNCTIONAL_TEST_WRITER_PROMPT, TEST_WRITER_PROMPT, parse_test
-from tasks import Group, Rollout, Step, Task, TaskError, stage
+from tasks import Group, Rollout, Step, Task, TaskError, eval_groups, stage
 from tasks.sandbox import RunResult, outputs_match, run_many
 
 BUILTIN = Path(__file__).parent / "data" / "livebench_builtin.jsonl"
@@ -321,14 +321,8 @@ class Adapter:
     def evaluate(self, sets: dict[str, list[Task]], policy, rm, cfg) -> dict:
         """Code (pass-all accuracy), and with R: UT and Detect, per eval set. All sets share one
         generate call for P and one for R (bigger batches are faster)."""
-        names = [name for name, ts in sets.items() for _ in ts]
-        groups = self.rollout([t for ts in sets.values() for t in ts], cfg.eval_samples, policy, cfg,
-                              temperature=cfg.eval_temperature)
-        if rm is not None:
-            self.judge(groups, rm, cfg)
         out = {}
-        for name in sets:
-            mine = [g for g, n in zip(groups, names) if n == name]
+        for name, mine in eval_groups(self, sets, policy, rm, cfg).items():
             out[f"{name}/code"] = sum(g.acc for g in mine) / len(mine)
             if rm is None:
                 continue
