@@ -31,6 +31,7 @@ import os
 import random
 import resource
 import shutil
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -108,6 +109,14 @@ class Config:
     eval_temperature: float = opt(0.0, "policy temperature at eval (0: greedy)")
     humaneval_limit: int = opt(10, "HumanEval problems in the OOD eval (0: none, -1: all 164)")
     data: str = opt("", "LiveBench coding questions as an extra eval set: a jsonl in LiveBench's format, or 'hub'")
+    backend: str = opt("miniwob", "osworld task: miniwob (MiniWoB++ in headless Chromium, offline) or osworld "
+                       "(real OSWorld VMs through the desktop-env bridge)", choices=["miniwob", "osworld"])
+    screenshots: bool = opt(False, "osworld task: record screenshots with each observation (for a vision-language policy)")
+    browser_timeout: float = opt(30.0, "osworld task: seconds a browser / bridge call may take before it is restarted")
+    osworld_tasks: str = opt("", "--backend osworld: OSWorld's evaluation_examples folder (test_all.json + examples/)")
+    osworld_python: str = opt("", "--backend osworld: the python of the venv holding desktop-env (runs the bridge)")
+    osworld_provider: str = opt("docker", "--backend osworld: desktop-env's VM provider (docker, vmware, virtualbox, aws, ...)")
+    osworld_vm: str = opt("", "--backend osworld: desktop-env's path_to_vm (empty: the provider's default)")
     resume: bool = opt(False, "continue the run --name after its last finished iteration")
     eval_only: bool = opt(False, "evaluate --checkpoint and print the paper's Table 1 columns")
     checkpoint: str = opt("", "for --eval-only: a run folder, or a model folder (then R = --rm-model)")
@@ -477,4 +486,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    # SIGTERM (kill, a scheduler) exits like Ctrl-C does, so exit handlers run: the osworld task's
+    # browsers are killed with the run. The checkpoint is atomic either way.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(main())

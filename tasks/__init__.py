@@ -86,7 +86,7 @@ class TaskError(Exception):
     """Bad task name or data file; the message is one line for the user."""
 
 
-REGISTRY = {"livebench": "tasks.livebench", "alfworld": "tasks.alfworld"}
+REGISTRY = {"livebench": "tasks.livebench", "alfworld": "tasks.alfworld", "osworld": "tasks.osworld"}
 
 
 def eval_groups(adapter, sets: dict[str, list[Task]], policy, rm, cfg) -> dict[str, list[Group]]:

@@ -1,0 +1,261 @@
+"""The offline GUI backend of the OSWorld setting (paper §4.1, "OSWorld"; TASKS.md, `miniwob`):
+MiniWoB++ pages (the `miniwob` package bundles them) in real headless Chromium (Debian `chromium` +
+`chromium-driver`), one browser per parallel episode, reused across episodes and tasks.
+
+- Observation: the task's instruction, the DOM elements rendered as an accessibility-tree-like list
+  (`[ref] tag "text"`), and, with `screenshots=True`, the screenshot (H × W × 3 uint8) for a
+  vision-language policy.
+- Actions: the adapter's vocabulary (tasks/osworld.py `Action`) mapped onto MiniWoB's action types.
+- Outcome: MiniWoB's raw episode reward > 0.
+- Deviation: MiniWoB ends an episode after 10 s of wall clock. An LLM on a CPU takes seconds per
+  step, so the timer is set to an hour and the adapter's step limit (`--max-turns`) bounds episodes,
+  as OSWorld's step limit does.
+- A crashed or hung browser (no answer within `timeout` seconds) is killed with its process group
+  and a fresh one started; the episode it was playing is reported as crashed (counted failed).
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+TIMER_MS = 3_600_000      # MiniWoB's episode timer (10 s upstream), see the module docstring
+INPUTS = {"button", "a", "textarea", "select", "option", "input", "input_text", "input_password", "input_checkbox",
+          "input_radio", "input_number", "input_date", "input_time", "input_email", "input_search", "input_tel"}
+KEYS = {"enter": "<Enter>", "tab": "<Tab>", "backspace": "<Backspace>", "delete": "<Delete>", "space": "<Space>",
+        "up": "<ArrowUp>", "down": "<ArrowDown>", "left": "<ArrowLeft>", "right": "<ArrowRight>",
+        "pageup": "<PageUp>", "pagedown": "<PageDown>"}
+MODIFIERS = {"ctrl": "C-", "control": "C-", "shift": "S-", "alt": "A-", "cmd": "M-", "command": "M-"}
+
+
+class ScreenError(Exception):
+    """The browser (or OSWorld bridge) crashed or hung; it has been killed and starts afresh on next use."""
+
+
+class Guarded:
+    """Runs every call to an external process in one worker thread with a timeout. A crash or no
+    answer within `timeout` seconds kills the process (`kill`, subclass) and raises ScreenError."""
+
+    def __init__(self, timeout: float):
+        self.timeout, self.restarts = timeout, 0
+        self._pool = ThreadPoolExecutor(1)
+
+    def kill(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.kill()
+        self._pool.shutdown(wait=False)
+
+    def _call(self, fn, *args):
+        fut = self._pool.submit(fn, *args)
+        try:
+            return fut.result(timeout=self.timeout)
+        except Exception as e:  # noqa: BLE001 (a dead or hung process raises many kinds of errors)
+            self.kill()
+            self._pool.shutdown(wait=False)     # a hung call may still hold the old thread
+            self._pool, self.restarts = ThreadPoolExecutor(1), self.restarts + 1
+            what = "hung" if isinstance(e, TimeoutError) else "crashed"
+            raise ScreenError(f"{type(self).__name__.lower()} {what}: {e!r:.200}") from e
+
+
+def kill_tree(pid: int) -> None:
+    """Kill a process and every process it started."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        family = root.children(recursive=True) + [root]
+    except psutil.NoSuchProcess:
+        return
+    for p in family:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(family, timeout=10)
+
+
+def chrome_paths() -> tuple[str, str]:
+    """Chromium and chromedriver: MINIWOB_CHROME_BINARY / MINIWOB_CHROMEDRIVER, else Debian's paths on PATH."""
+    binary = os.environ.get("MINIWOB_CHROME_BINARY") or shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = os.environ.get("MINIWOB_CHROMEDRIVER") or shutil.which("chromedriver")
+    if not binary or not driver:
+        raise RuntimeError("headless Chromium not found: apt-get install chromium chromium-driver "
+                           "(or set MINIWOB_CHROME_BINARY and MINIWOB_CHROMEDRIVER)")
+    return binary, driver
+
+
+@dataclass
+class Screen:
+    """One observation: what the policy reads (text), where elements are (for coordinate actions)."""
+    instruction: str
+    text: str                                                 # the accessibility-tree-like element list
+    boxes: dict[int, tuple[float, float, float, float]] = field(default_factory=dict)  # ref → (left, top, w, h)
+    screenshot: np.ndarray | None = None                      # (H, W, 3) uint8, when recorded
+
+
+def render_elements(elements: list[dict]) -> tuple[str, dict]:
+    """MiniWoB's DOM elements as `[ref] tag "text" value=… (focused)` lines, in document order: form
+    controls, links and buttons, and any element with text. Text nodes (tag "t", negative refs, not
+    clickable) are folded into their parent's line; invisible (zero-size) elements are left out."""
+    inner: dict[int, list[str]] = {}
+    for e in elements:
+        if e["tag"] == "t":
+            inner.setdefault(int(e["parent"]), []).append(str(e["text"]))
+    lines, boxes = [], {}
+    for e in elements:
+        w, h = float(np.asarray(e["width"]).item()), float(np.asarray(e["height"]).item())
+        text = " ".join(" ".join([str(e["text"])] + inner.get(int(e["ref"]), [])).split())[:80]
+        if e["tag"] == "t" or w <= 0 or h <= 0 or not (e["tag"] in INPUTS or text):
+            continue
+        boxes[int(e["ref"])] = (float(np.asarray(e["left"]).item()), float(np.asarray(e["top"]).item()), w, h)
+        value = f' value="{e["value"]}"' if e["value"] not in ("", None) else ""
+        lines.append(f'[{e["ref"]}] {e["tag"]}' + (f' "{text}"' if text else "") + value
+                     + (" (focused)" if e["flags"][0] else ""))
+    return "\n".join(lines), boxes
+
+
+def key_name(key: str) -> str | None:
+    """pyautogui-style key ("enter", "ctrl+a", "a") → MiniWoB's key string ("<Enter>", "C-a", "a")."""
+    *mods, base = [k.strip().lower() for k in key.split("+")]
+    if any(m not in MODIFIERS for m in mods):
+        return None
+    base = KEYS.get(base, base if len(base) == 1 else None)
+    return base and "".join(MODIFIERS[m] for m in mods) + base
+
+
+class Browser(Guarded):
+    """One headless Chromium playing MiniWoB pages; reused across episodes and tasks."""
+
+    def __init__(self, screenshots: bool = False, timeout: float = 30.0):
+        super().__init__(timeout)
+        self.screenshots = screenshots
+        self.instance, self.page = None, None
+
+    # — lifecycle —
+    def _start(self):
+        from miniwob.action import ActionSpaceConfig
+        from miniwob.selenium_instance import SeleniumInstance
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+
+        binary, driver = chrome_paths()
+        options = webdriver.ChromeOptions()
+        for arg in ("headless", "disable-gpu", "no-sandbox", "disable-dev-shm-usage"):
+            options.add_argument(arg)
+        options.binary_location = binary
+        self.service = Service(executable_path=driver)
+        inst = SeleniumInstance(index=0, subdomain="click-test", headless=True)
+        inst.driver = webdriver.Chrome(service=self.service, options=options)
+        inst.driver.implicitly_wait(0)
+        inst.inner_width, inst.inner_height = inst.driver.execute_script(
+            "return [window.innerWidth, window.innerHeight];")
+        self.instance, self.page = inst, None
+        self.actions = ActionSpaceConfig.get_preset("all_supported")
+        self.actions.screen_width, self.actions.screen_height = inst.task_width, inst.task_height
+
+    def kill(self) -> None:
+        """Kill chromedriver and every Chromium process it started."""
+        proc = getattr(getattr(self, "service", None), "process", None)
+        if proc is not None and proc.poll() is None:
+            kill_tree(proc.pid)
+        self.instance = self.page = None
+
+    # — episodes —
+    def _reset(self, page: str, seed) -> Screen:
+        if self.instance is None:
+            self._start()
+        inst = self.instance
+        if page != self.page:
+            inst.url = f"file://{_html_dir()}/miniwob/{page}.html"
+            inst.driver.get(inst.url)
+            inst.field_extractor = _field_extractor(page)
+            self.page = page
+        inst.record_screenshots = self.screenshots
+        inst.force_stop()
+        inst.driver.execute_script(f"core.EPISODE_MAX_TIME = {TIMER_MS};")
+        inst.begin_task(seed=seed)
+        return self._observe(cached=False)
+
+    def _observe(self, cached: bool) -> Screen:
+        obs, _ = self.instance.get_observation(use_cached_fields=cached)
+        text, boxes = render_elements(obs["dom_elements"])
+        return Screen(obs["utterance"], text, boxes, obs["screenshot"] if self.screenshots else None)
+
+    def _step(self, kind: str, kwargs: dict) -> tuple[Screen | None, bool, float]:
+        inst = self.instance
+        action = None if kind == "NONE" else _make_action(self.actions, kind, kwargs)
+        inst.perform(action, self.actions)
+        meta = inst.get_metadata()
+        done = bool(meta["done"])
+        return (None if done else self._observe(cached=True)), done, float(meta["raw_reward"]) if done else 0.0
+
+    def reset(self, page: str, seed) -> Screen:
+        """Load a MiniWoB page (if another one is open) and start its episode for `seed`."""
+        return self._call(self._reset, page, seed)
+
+    def step(self, kind: str, **kwargs) -> tuple[Screen | None, bool, float]:
+        """One MiniWoB action (ActionTypes name, its fields): (screen or None when done, done, raw reward)."""
+        return self._call(self._step, kind, kwargs)
+
+
+def _make_action(config, kind: str, fields: dict) -> dict:
+    """A MiniWoB action dict for ActionTypes `kind` with the given fields (ref, coords, text, key)."""
+    from miniwob.action import ActionTypes
+
+    action = {"action_type": config.action_types.index(ActionTypes[kind]), "coords": np.zeros(2, np.float32),
+              "ref": 0, "key": 0, "text": "", "field": 0}
+    if "key" in fields:
+        fields = {**fields, "key": list(config.allowed_keys).index(fields["key"])}
+    if "coords" in fields:
+        fields = {**fields, "coords": np.asarray(fields["coords"], np.float32)}
+    return action | fields
+
+
+def _html_dir() -> str:
+    import miniwob
+    return os.path.join(os.path.dirname(miniwob.__file__), "html")
+
+
+def _field_extractor(page: str):
+    from miniwob.fields import get_field_extractor
+    return get_field_extractor(page)
+
+
+class Pool:
+    """One environment process (browser, bridge) per parallel episode, started on demand by `make` and
+    kept for the next rollout; all are killed at exit."""
+
+    def __init__(self, make, workers: int = 8):
+        self.make = make
+        self.idle: list = []
+        self.every: list = []                        # idle or in use
+        self.lock = threading.Lock()
+        self.threads = ThreadPoolExecutor(workers)   # separate processes: step them concurrently
+        atexit.register(self.close)
+
+    def take(self, n: int) -> list:
+        with self.lock:
+            while len(self.idle) < n:
+                self.idle.append(self.make())
+                self.every.append(self.idle[-1])
+            out, self.idle = self.idle[:n], self.idle[n:]
+        return out
+
+    def give(self, handles: list) -> None:
+        with self.lock:
+            self.idle.extend(handles)
+
+    def map(self, fn, items: list) -> list:
+        return list(self.threads.map(fn, items))
+
+    def close(self) -> None:
+        for h in self.every:
+            h.close()
+        self.idle, self.every = [], []
