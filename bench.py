@@ -13,6 +13,8 @@ and prints one JSON line; this script collects them and prints the tables. Parts
             project's update (bf16 autocast, chunked log-probs), + grad checkpointing, + LoRA,
             and next to a live vLLM engine (as in the loop); weight sync seconds
   loop      full iterations of `loop.py --task <task>` per engine: seconds per stage
+  gui       the osworld task's browsers (MiniWoB++ in headless Chromium): start, reset, page
+            switch, one step alone and 8 browsers stepping at once, memory per browser
   trl       one policy-only GRPO iteration (outcome reward, no R, no E), this project vs TRL's
             GRPOTrainer on identical work. TRL lives in its own venv, made here on first use.
 """
@@ -32,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 TRL_VENV = ROOT / ".bench-venv-trl"
 TRL_PINS = ["torch==2.13.0", "transformers>=5.0,<5.20", "trl==1.16.0"]
-PARTS = ["ceiling", "sampling", "train", "loop", "trl"]
+PARTS = ["ceiling", "sampling", "train", "loop", "gui", "trl"]
 
 
 def peak_rss_gib() -> float:
@@ -238,7 +240,35 @@ def m_trl_grpo(args) -> None:
     emit(part="trl", who="trl", engine="hf", s_per_iter=statistics.median(marks), runs=marks)
 
 
-MEASURES = {"ceiling": m_ceiling, "sampling": m_sampling, "train": m_train, "loop": m_loop,
+
+def m_gui(args) -> None:
+    """Browser costs, in ms: every step is a typed text on enter-text (a real DOM action), and is
+    followed by the observation (DOM read, no screenshot), as in the loop."""
+    import psutil
+
+    from tasks.miniwob_env import Browser, Pool
+    pool = Pool(Browser)
+    t0 = time.perf_counter()
+    browsers = pool.take(8)
+    pool.map(lambda b: b.reset("enter-text", 0), browsers)
+    start = (time.perf_counter() - t0) / 8
+    one = browsers[0]
+    reset = timed(lambda: one.reset("enter-text", 1), 10 * args.repeats)
+    switch = timed(lambda: (one.reset("click-test", 1), one.reset("enter-text", 1)), 5 * args.repeats)
+    step = timed(lambda: one.step("FOCUS_ELEMENT_AND_TYPE_TEXT", ref=5, text="abc"), 10 * args.repeats)
+    par = timed(lambda: pool.map(lambda b: b.step("FOCUS_ELEMENT_AND_TYPE_TEXT", ref=5, text="abc"), browsers),
+                10 * args.repeats)
+    pss = 0
+    for b in browsers:
+        root = psutil.Process(b.service.process.pid)
+        pss += sum(p.memory_full_info().pss for p in [root] + root.children(recursive=True))
+    pool.close()
+    ms = lambda xs: 1000 * statistics.median(xs)  # noqa: E731
+    emit(part="gui", start_s=start, reset_ms=ms(reset), switch_ms=ms(switch) / 2, step_ms=ms(step),
+         step8_ms=ms(par) / 8, pss_mib=pss / 8 / 2**20)
+
+
+MEASURES = {"ceiling": m_ceiling, "sampling": m_sampling, "train": m_train, "loop": m_loop, "gui": m_gui,
             "ours_grpo": m_ours_grpo, "trl_grpo": m_trl_grpo}
 
 
@@ -327,6 +357,12 @@ def main() -> None:
         table(f"One loop iteration (median of {args.repeats}), seconds per stage; sandbox and sync are "
               "shares of rollout/judge", ["task", "engine", *stages],
               [[r["task"], r["engine"], *[r.get(s, 0.0) for s in stages]] for r in rows])
+    if "gui" in parts:
+        rows = run(py, "gui", args)
+        table("GUI backend: MiniWoB++ in headless Chromium (medians; a step = one DOM action + the observation)",
+              ["browser start s (8 at once, per browser)", "reset ms", "page switch ms", "step ms, 1 browser",
+               "step ms per browser, 8 stepping at once", "PSS MiB per browser"],
+              [[r["start_s"], r["reset_ms"], r["switch_ms"], r["step_ms"], r["step8_ms"], r["pss_mib"]] for r in rows])
     if "trl" in parts:
         rows = run(py, "ours_grpo", args, engine=engines[-1]) + run(trl_python(), "trl_grpo", args)
         ours = next((r["s_per_iter"] for r in rows if r["who"] == "ours"), float("nan"))

@@ -100,6 +100,20 @@ def eval_groups(adapter, sets: dict[str, list[Task]], policy, rm, cfg) -> dict[s
     return {name: [g for g, n in zip(groups, names) if n == name] for name in sets}
 
 
+def judge_steps(groups: list[Group], engine, cfg) -> None:
+    """R judges every step of every rollout m times (agent settings), in one batched call: each step's
+    judge prompt is in rollout.info["judge_prompts"]. Fills step.judgments and step.verdicts."""
+    from llm import render_chat
+    from reward_model import parse_verdict
+
+    steps = [(st, p) for g in groups for ro in g.rollouts for st, p in zip(ro.steps, ro.info["judge_prompts"])]
+    outs = engine.generate([render_chat(engine.tokenizer, p) for _, p in steps], n=cfg.m,
+                           temperature=cfg.rm_temperature, top_p=1.0, max_new_tokens=cfg.rm_max_new_tokens)
+    for (st, _), judgments in zip(steps, outs):
+        st.judgments = judgments
+        st.verdicts = [parse_verdict(c.text) for c in judgments]  # S_{τ_i,j} ∈ {+1, −1, 0}
+
+
 def defaults(name: str) -> dict:
     """A setting's own CPU defaults (its module's DEFAULTS): flags given on the command line win."""
     return getattr(importlib.import_module(REGISTRY[name]), "DEFAULTS", {}) if name in REGISTRY else {}

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llm import prefilled, render_chat
-from reward_model import agent_metrics, parse_verdict
-from tasks import Group, Rollout, Step, Task, TaskError, eval_groups, stage
+from reward_model import agent_metrics
+from tasks import Group, Rollout, Step, Task, TaskError, eval_groups, judge_steps, stage
 from tasks import alfworld_games as games
 
 DEFAULTS = {  # CPU defaults for this setting (each one a flag); paper (GPU): 16 tasks × G 8, 40 turns, m 3
@@ -271,12 +271,7 @@ class Adapter:
 
     # — R judges every step m times, in one batched call —
     def judge(self, groups: list[Group], engine, cfg) -> None:
-        steps = [(st, p) for g in groups for ro in g.rollouts for st, p in zip(ro.steps, ro.info["judge_prompts"])]
-        outs = engine.generate([render_chat(engine.tokenizer, p) for _, p in steps], n=cfg.m,
-                               temperature=cfg.rm_temperature, top_p=1.0, max_new_tokens=cfg.rm_max_new_tokens)
-        for (st, _), judgments in zip(steps, outs):
-            st.judgments = judgments
-            st.verdicts = [parse_verdict(c.text) for c in judgments]  # S_{τ_i,j} ∈ {+1, −1, 0}
+        judge_steps(groups, engine, cfg)
 
     # — evaluation: the paper's Table 1 columns for ALFWorld —
     def evaluate(self, sets: dict[str, list[Task]], policy, rm, cfg) -> dict:

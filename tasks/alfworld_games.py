@@ -200,7 +200,6 @@ def sample_goal(scene: dict, task_type: str, rng: random.Random) -> Goal | None:
 def problem_pddl(scene: dict, goal: Goal, name: str) -> str:
     """The PDDL problem: the scene's facts (types, positions, affordances, what can hold what) and the goal."""
     _, c, goals, _ = _alfworld()
-    static = set(c.RECEPTACLES) - set(c.MOVABLE_RECEPTACLES)
     recs, objs = scene["receptacles"], scene["objects"]
     otypes, rtypes = sorted({t for t, _ in objs.values()}), sorted({t for t, _ in recs.values()})  # the types present
     locations = sorted({loc for _, loc in recs.values()} | {scene["start"]})

@@ -30,20 +30,20 @@ Two backends behind one action vocabulary (`--backend`):
 from __future__ import annotations
 
 import ast
-import os
 import random
 import re
+import threading
 from dataclasses import dataclass, field
 
 from llm import prefilled, render_chat
-from reward_model import agent_metrics, parse_verdict
-from tasks import Group, Rollout, Step, Task, TaskError, eval_groups, stage
+from reward_model import agent_metrics
+from tasks import Group, Rollout, Step, Task, TaskError, eval_groups, judge_steps, stage
 
 DEFAULTS = {  # CPU defaults (each one a flag); paper (GPU): 12 tasks × G 8, 30 turns, m 3, Qwen3-VL-8B
     "tasks_per_iter": 4, "group_size": 8, "max_turns": 6, "max_new_tokens": 16, "m": 3, "rm_max_new_tokens": 48,
     "temperature": 1.0, "top_p": 0.9, "rm_temperature": 0.8, "env_mode": "variants", "env_retries": 8,
     "env_max_new_tokens": 48, "eval_every": 0, "max_train_samples": 64,
-}
+}  # browsers (--browsers 16): ~240 MiB each; 32 of them + the trainer ran a 24 GiB machine out of memory
 ANSWER_PREFIX = "\\boxed{"
 EXAMPLE_ACTION = True        # see the module docstring
 HISTORY = 3
@@ -224,6 +224,7 @@ class Adapter:
 
     def __init__(self, cfg):
         self.cfg, self.timings = cfg, {}
+        self._lock = threading.Lock()        # episodes step in parallel threads; counts go through it
         if cfg.backend == "miniwob":
             from tasks.miniwob_env import Browser, Pool, chrome_paths
             try:
@@ -250,7 +251,8 @@ class Adapter:
 
     # — one step —
     def _count(self, key: str, n: int = 1) -> None:
-        self.timings[key] = self.timings.get(key, 0) + n
+        with self._lock:
+            self.timings[key] = self.timings.get(key, 0) + n
 
     def _start(self, ep: Episode) -> None:
         try:
@@ -293,11 +295,25 @@ class Adapter:
 
     # — P plays: every live episode in one generate call per turn; the backends step concurrently —
     def rollout(self, tasks: list[Task], G: int, engine, cfg, temperature: float | None = None) -> list[Group]:
+        """G episodes per task, played in waves of at most cfg.browsers (one browser or VM each)."""
         for key in ("sys/env_steps", "sys/env_restarts"):
             self.timings.setdefault(key, 0)
-        handles = self.backend.acquire(len(tasks) * G)
-        episodes = [Episode(t, h, rng=random.Random(f"{t.id}/{k}")) for t, h, k in
-                    zip([t for t in tasks for _ in range(G)], handles, [k for _ in tasks for k in range(G)])]
+        episodes = [Episode(t, None, rng=random.Random(f"{t.id}/{k}")) for t in tasks for k in range(G)]
+        for w in range(0, len(episodes), cfg.browsers):
+            self._play(episodes[w:w + cfg.browsers], engine, cfg, temperature)
+        groups = []
+        for k, task in enumerate(tasks):
+            groups.append(Group(task, [Rollout(task.id, ep.steps, 1 if ep.score > 0 else -1, ep.score,
+                                               info={"judge_prompts": ep.judge_prompts, "invalid": ep.invalid,
+                                                     "crashed": ep.crashed, "actions": ep.history,
+                                                     "instruction": ep.instruction})
+                                       for ep in episodes[k * G:(k + 1) * G]]))
+        return groups
+
+    def _play(self, episodes: list[Episode], engine, cfg, temperature: float | None) -> None:
+        handles = self.backend.acquire(len(episodes))
+        for ep, h in zip(episodes, handles):
+            ep.env = h
         try:
             with stage(self.timings, "gui"):
                 self.backend.map(self._start, episodes)
@@ -315,14 +331,6 @@ class Adapter:
                 self.backend.map(self._finish, [ep for ep in episodes if ep.score is None])
         finally:
             self.backend.release(handles)
-        groups = []
-        for k, task in enumerate(tasks):
-            groups.append(Group(task, [Rollout(task.id, ep.steps, 1 if ep.score > 0 else -1, ep.score,
-                                               info={"judge_prompts": ep.judge_prompts, "invalid": ep.invalid,
-                                                     "crashed": ep.crashed, "actions": ep.history,
-                                                     "instruction": ep.instruction})
-                                       for ep in episodes[k * G:(k + 1) * G]]))
-        return groups
 
     def _finish(self, ep: Episode) -> None:
         try:
@@ -333,12 +341,7 @@ class Adapter:
 
     # — R judges every step m times, in one batched call —
     def judge(self, groups: list[Group], engine, cfg) -> None:
-        steps = [(st, p) for g in groups for ro in g.rollouts for st, p in zip(ro.steps, ro.info["judge_prompts"])]
-        outs = engine.generate([render_chat(engine.tokenizer, p) for _, p in steps], n=cfg.m,
-                               temperature=cfg.rm_temperature, top_p=1.0, max_new_tokens=cfg.rm_max_new_tokens)
-        for (st, _), judgments in zip(steps, outs):
-            st.judgments = judgments
-            st.verdicts = [parse_verdict(c.text) for c in judgments]  # S_{τ_i,j} ∈ {+1, −1, 0}
+        judge_steps(groups, engine, cfg)
 
     # — evaluation: success in-domain and OOD, and R's Outcome Acc —
     def evaluate(self, sets: dict[str, list[Task]], policy, rm, cfg) -> dict:

@@ -21,12 +21,12 @@ import loop
 from llm import Completion
 from tasks import TaskError
 from tasks import osworld as ow
-from tasks.miniwob_env import ScreenError, key_name, render_elements
+from tasks.miniwob_env import key_name, render_elements
 from tasks.osworld import Action, parse_action
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "osworld"
-CFG = SimpleNamespace(max_turns=4, max_new_tokens=8, top_p=1.0, temperature=1.0, m=2, rm_temperature=1.0,
+CFG = SimpleNamespace(max_turns=4, max_new_tokens=8, top_p=1.0, temperature=1.0, m=2, rm_temperature=1.0, browsers=3,
                       rm_max_new_tokens=4)
 
 
@@ -135,6 +135,18 @@ def test_scripted_solution_wins_a_task_of_every_ladder(adapter, ladder, page):
     steps = groups[0].rollouts[0].steps
     assert len(steps) == (2 if ladder in ("type", "select") else 1)
     assert steps[-1].observation == "(the task ended after this action)"
+
+
+def test_screenshots_are_recorded_on_request():
+    from tasks.miniwob_env import Browser
+    b = Browser(screenshots=True)
+    try:
+        screen = b.reset("click-test", 0)
+        assert screen.screenshot.shape == (210, 160, 3) and screen.screenshot.dtype == np.uint8
+        assert screen.screenshot.std() > 0 and '"Click Me!"' in screen.text   # a rendered page, not a blank
+    finally:
+        b.close()
+    assert b.instance is None
 
 
 def test_malformed_action_costs_a_step_and_the_episode_goes_on(adapter):
