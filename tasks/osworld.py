@@ -42,7 +42,7 @@ from tasks import Group, Rollout, Step, Task, TaskError, eval_groups, judge_step
 DEFAULTS = {  # CPU defaults (each one a flag); paper (GPU): 12 tasks × G 8, 30 turns, m 3, Qwen3-VL-8B
     "tasks_per_iter": 4, "group_size": 8, "max_turns": 6, "max_new_tokens": 16, "m": 3, "rm_max_new_tokens": 48,
     "temperature": 1.0, "top_p": 0.9, "rm_temperature": 0.8, "env_mode": "variants", "env_retries": 8,
-    "env_max_new_tokens": 48, "eval_every": 0, "max_train_samples": 64,
+    "env_max_new_tokens": 48, "eval_every": 0, "max_train_samples": 32,
 }  # browsers (--browsers 16): ~240 MiB each; 32 of them + the trainer ran a 24 GiB machine out of memory
 ANSWER_PREFIX = "\\boxed{"
 EXAMPLE_ACTION = True        # see the module docstring
