@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -448,6 +449,7 @@ def train(cfg: Config) -> Path:
     return run.dir
 
 
+@functools.cache
 def _libc():
     try:
         return ctypes.CDLL("libc.so.6")

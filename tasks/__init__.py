@@ -20,6 +20,7 @@ functions over them. An adapter (one per setting) provides:
 from __future__ import annotations
 
 import importlib
+import random
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -98,6 +99,12 @@ def eval_groups(adapter, sets: dict[str, list[Task]], policy, rm, cfg) -> dict[s
     if rm is not None:
         adapter.judge(groups, rm, cfg)
     return {name: [g for g, n in zip(groups, names) if n == name] for name in sets}
+
+
+def eval_subsets(splits: dict[str, list[Task]], n: int, seed: int) -> dict[str, list[Task]]:
+    """Every non-empty split but "train" as an eval set, cut to a fixed random subset of n tasks (0: all)."""
+    return {name: (random.Random(seed).sample(ts, n) if 0 < n < len(ts) else ts)
+            for name, ts in splits.items() if name != "train" and ts}
 
 
 def judge_steps(groups: list[Group], engine, cfg) -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from llm import prefilled, render_chat
 from reward_model import agent_metrics
-from tasks import Group, Rollout, Step, Task, TaskError, eval_groups, judge_steps, stage
+from tasks import Group, Rollout, Step, Task, TaskError, eval_groups, eval_subsets, judge_steps, stage
 from tasks import alfworld_games as games
 
 DEFAULTS = {  # CPU defaults for this setting (each one a flag); paper (GPU): 16 tasks × G 8, 40 turns, m 3
@@ -193,9 +193,7 @@ class Adapter:
         return self.splits["train"]
 
     def eval_sets(self) -> dict[str, list[Task]]:
-        n = self.cfg.eval_tasks
-        return {name: (random.Random(self.cfg.seed).sample(ts, n) if 0 < n < len(ts) else ts)
-                for name, ts in self.splits.items() if name != "train" and ts}
+        return eval_subsets(self.splits, self.cfg.eval_tasks, self.cfg.seed)
 
     # — the engine —
     def _release(self, episodes: list[Episode]) -> None:

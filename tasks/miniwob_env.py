@@ -10,8 +10,8 @@ MiniWoB++ pages (the `miniwob` package bundles them) in real headless Chromium (
 - Deviation: MiniWoB ends an episode after 10 s of wall clock. An LLM on a CPU takes seconds per
   step, so the timer is set to an hour and the adapter's step limit (`--max-turns`) bounds episodes,
   as OSWorld's step limit does.
-- A crashed or hung browser (no answer within `timeout` seconds) is killed with its process group
-  and a fresh one started; the episode it was playing is reported as crashed (counted failed).
+- A crashed or hung browser (no answer within `timeout` seconds) is killed with every process it
+  started and a fresh one started; the episode it was playing is reported as crashed (counted failed).
 """
 from __future__ import annotations
 

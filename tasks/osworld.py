@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 from llm import prefilled, render_chat
 from reward_model import agent_metrics
-from tasks import Group, Rollout, Step, Task, TaskError, eval_groups, judge_steps, stage
+from tasks import Group, Rollout, Step, Task, TaskError, eval_groups, eval_subsets, judge_steps, stage
 
 DEFAULTS = {  # CPU defaults (each one a flag); paper (GPU): 12 tasks × G 8, 30 turns, m 3, Qwen3-VL-8B
     "tasks_per_iter": 4, "group_size": 8, "max_turns": 6, "max_new_tokens": 16, "m": 3, "rm_max_new_tokens": 48,
@@ -245,9 +245,7 @@ class Adapter:
         return self.sets["train"]
 
     def eval_sets(self) -> dict[str, list[Task]]:
-        n = self.cfg.eval_tasks
-        return {name: (random.Random(self.cfg.seed).sample(ts, n) if 0 < n < len(ts) else ts)
-                for name, ts in self.sets.items() if name != "train" and ts}
+        return eval_subsets(self.sets, self.cfg.eval_tasks, self.cfg.seed)
 
     # — one step —
     def _count(self, key: str, n: int = 1) -> None:
@@ -465,8 +463,7 @@ class MiniWoB(Backend):
             kind, kw = ("SCROLL_UP_COORDS" if a[-1] == "up" else "SCROLL_DOWN_COORDS"), {"coords": where}
         else:
             kind, kw = "NONE", {}
-        after, done, reward = browser.step(kind, **kw)
-        return after, done, reward
+        return browser.step(kind, **kw)
 
     def final(self, browser) -> float:
         return 0.0   # MiniWoB ends an episode itself when the task is solved; unfinished = not solved
