@@ -15,21 +15,27 @@ iteration and accepted only if its accuracy a′ moved the right way (Eq. 4):
 Two ways to make a rewrite, one interface (`propose`):
   variants  the adapter's next easier/harder variant of the slot's ladder, all
             pre-verified. No LLM call: the step along the ladder is fixed, so critic
-            feedback is not used. This is the reference code's OSWorld mechanism and
-            suits small models.
+            feedback is not used. This project's stand-in for small models, not a
+            mechanism of the paper or the released code.
   generate  E (a frozen LLM) writes a new task from the slot's root, its active
-            version and the critic feedback; the adapter validates it (well-formed,
-            solvable) and E retries up to `retries` times. The paper's mechanism.
+            version, its accuracy and the critic feedback; the adapter validates it
+            (well-formed, solvable) and E retries up to `retries` times. The paper's
+            and the released code's mechanism in all three settings.
+
+Critic feedback (`critic_feedback`): what the policy's failed rollouts show, and R's
+high-risk steps, the steps of failed rollouts that all m judgments called bad.
 """
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import asdict, dataclass, field
 
 from llm import prefilled, render_chat
 from tasks import Group, Task
 
 ALPHA_LOW, ALPHA_HIGH = 0.2, 0.8
+SUMMARY_MAX_NEW_TOKENS = 96  # E's failure summaries (CPU scale; the released E writes up to 8192 tokens, reasoning included)
 
 
 def direction(acc: float, low: float = ALPHA_LOW, high: float = ALPHA_HIGH) -> str | None:
@@ -67,48 +73,75 @@ def make_slots(tasks: list[Task]) -> dict[str, Slot]:
 
 
 def pick_tasks(slots: dict[str, Slot], n: int, rng: random.Random) -> list[tuple[str, Task]]:
-    """The iteration's tasks: n active versions, plus every pending rewrite (METHOD.md step 1)."""
-    ids = sorted(slots)
-    chosen = rng.sample(ids, min(n, len(ids)))
-    return [(s, slots[s].active) for s in chosen] + [(s, slots[s].pending) for s in ids if slots[s].pending]
+    """The iteration's tasks (docs/METHOD.md, step 1): n active versions drawn from the slots with no pending
+    rewrite, plus every pending rewrite. A slot is never rolled out as both in one iteration (released
+    code: `candidate_slots` excludes `pend_slots`)."""
+    free = sorted(sid for sid, slot in slots.items() if slot.pending is None)
+    chosen = rng.sample(free, min(n, len(free)))
+    return [(s, slots[s].active) for s in chosen] + [(s, slots[s].pending) for s in sorted(slots) if slots[s].pending]
 
 
-def high_risk_steps(group: Group, limit: int = 3) -> list[str]:
-    """R's side of the critic feedback: steps where all m judgments were −1."""
-    out = []
-    for ro in group.rollouts:
-        for k, st in enumerate(ro.steps):
-            if st.verdicts and all(v == -1 for v in st.verdicts):
-                out.append(f"step {k}: {st.response.strip()[:160]!r} → {st.observation.strip()[:160]!r}")
-    return out[:limit]
+def high_risk_steps(group: Group) -> list[tuple[int, list[int]]]:
+    """R's side of the critic feedback: for each FAILED rollout of the group, the indices of the steps
+    where all m judgments were −1. [(rollout index, [step indices])], failed rollouts only."""
+    return [(r, [k for k, st in enumerate(ro.steps) if st.verdicts and all(v == -1 for v in st.verdicts)])
+            for r, ro in enumerate(group.rollouts) if ro.outcome < 0]
 
 
-def critic_feedback(group: Group, adapter) -> str:
-    """What E is told about a slot: the adapter's failure summaries (and coding test pass rates) + R's high-risk steps."""
-    parts = [adapter.feedback(group)]
-    risky = high_risk_steps(group)
-    if risky:
-        parts.append("Steps the reward model judged bad in every sample:\n" + "\n".join(risky))
-    return "\n".join(p for p in parts if p)
+def _risky_text(group: Group, limit: int = 3) -> str:
+    lines = [f"rollout {r} step {k}: {group.rollouts[r].steps[k].response.strip()[:160]!r} → "
+             f"{group.rollouts[r].steps[k].observation.strip()[:160]!r}"
+             for r, ks in high_risk_steps(group) for k in ks][:limit]
+    return "Steps of failed rollouts the reward model judged bad in every sample:\n" + "\n".join(lines) if lines else ""
+
+
+def critic_feedback(groups: list[Group], adapter, engine=None, *, temperature: float = 0.8, top_p: float = 0.95,
+                    max_new_tokens: int = SUMMARY_MAX_NEW_TOKENS) -> list[str]:
+    """What E is told about each group's task (Eq. 4's critic feedback), one text per group.
+
+    Adapters with `summary_prompt` (ALFWorld): E first summarizes each failed rollout in at most two
+    sentences, from its trajectory and R's high-risk step indices, all in ONE generate call; the
+    feedback is those summaries. Otherwise: the adapter's `feedback(group)` (coding: GT and generated
+    tests with their pass rates) plus R's high-risk steps of failed rollouts.
+    """
+    if engine is None or not hasattr(adapter, "summary_prompt"):
+        return ["\n".join(p for p in (adapter.feedback(g), _risky_text(g)) if p) for g in groups]
+    jobs = [(i, r, adapter.summary_prompt(g, r, steps)) for i, g in enumerate(groups) for r, steps in high_risk_steps(g)]
+    outs = prefilled(engine, [render_chat(engine.tokenizer, p) for _, _, p in jobs], "\\boxed{", n=1,
+                     temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, desc="E summarizes")
+    lines = [[] for _ in groups]
+    for (i, r, _), (c,) in zip(jobs, outs):
+        lines[i].append(f"- Rollout {r}: {boxed_text(c.text) or '(no summary)'}")
+    return ["\n".join(ls) or f"all {len(g.rollouts)} rollouts succeeded" for g, ls in zip(groups, lines)]
+
+
+def boxed_text(text: str, limit: int = 400) -> str:
+    """The content of the last \\boxed{...} (an unclosed last box runs to the end), at most two sentences."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return ""
+    body = text[start + len("\\boxed{"):]
+    body = body[:body.find("}")] if "}" in body else body
+    sentences = re.split(r"(?<=[.!?])\s+", " ".join(body.split()))
+    return " ".join(sentences[:2])[:limit]
 
 
 def propose(requests: list[tuple[Slot, str, str]], adapter, mode: str, engine=None, *, retries: int = 4,
-            temperature: float = 1.0, max_new_tokens: int = 768) -> list[tuple[Task | None, int]]:
+            temperature: float = 0.8, top_p: float = 0.95, max_new_tokens: int = 768) -> list[tuple[Task | None, int]]:
     """One proposal per (slot, direction, feedback): (task or None, tries used).
 
     generate mode: E's N = `retries` tries for every request are sampled in ONE generate call
     (n = N per prompt), then checked in order; the first valid one is the proposal and the tries
-    used are its position. Same result as N sequential rounds, but one decode pass: at the small
-    batches E works at, a decode step costs about the same for 4 rows as for 16.
+    used are its position. Same result as N sequential rounds, in one decode pass.
     """
     if mode == "variants":
         return [(adapter.variant(slot.active, d), 0) for slot, d, _ in requests]
     if mode != "generate":
         raise ValueError(f"unknown environment mode {mode!r}")
-    prompts = [render_chat(engine.tokenizer, adapter.rewrite_prompt(slot.root, slot.active, d, feedback))
+    prompts = [render_chat(engine.tokenizer, adapter.rewrite_prompt(slot.root, slot.active, d, feedback, slot.acc))
                for slot, d, feedback in requests]
     outs = prefilled(engine, prompts, getattr(adapter, "rewrite_prefix", ""), n=retries, temperature=temperature,
-                     top_p=0.95, max_new_tokens=max_new_tokens, desc="E proposes")
+                     top_p=top_p, max_new_tokens=max_new_tokens, desc="E proposes")
     result = []
     for (slot, _, _), tries in zip(requests, outs):
         for attempt, out in enumerate(tries, start=1):
@@ -121,12 +154,14 @@ def propose(requests: list[tuple[Slot, str, str]], adapter, mode: str, engine=No
 
 def update(slots: dict[str, Slot], picked: list[tuple[str, Task]], groups: list[Group], adapter, mode: str,
            engine=None, *, low: float = ALPHA_LOW, high: float = ALPHA_HIGH, retries: int = 4,
-           max_new_tokens: int = 768, iteration: int = 0) -> tuple[list[Group], dict]:
-    """METHOD.md step 4: decide the pending rewrites from their fresh accuracy, then propose new
-    rewrites for slots outside [low, high]. Returns the groups that join this iteration's
-    training data (active versions + accepted rewrites) and counts for the log."""
+           temperature: float = 0.8, top_p: float = 0.95, max_new_tokens: int = 768,
+           iteration: int = 0) -> tuple[list[Group], dict]:
+    """docs/METHOD.md, step 4: decide the pending rewrites from their fresh accuracy, then propose new
+    rewrites for the active slots outside [low, high]. A slot whose pending rewrite is decided this
+    iteration gets no new proposal until the next one (released code). Returns the groups that join
+    this iteration's training data (active versions + accepted rewrites) and counts for the log."""
     stats = {"accepted": 0, "rejected": 0, "proposed": 0, "failed": 0, "e_tries": 0}
-    train, latest = [], {}
+    train, asking = [], []
     for (sid, task), g in zip(picked, groups):
         slot = slots[sid]
         if slot.pending is not None and task.id == slot.pending.id:
@@ -134,7 +169,6 @@ def update(slots: dict[str, Slot], picked: list[tuple[str, Task]], groups: list[
                 slot.active, slot.acc = task, g.acc
                 slot.history.append(task.id)
                 train.append(g)
-                latest[sid] = g
                 stats["accepted"] += 1
             else:
                 stats["rejected"] += 1
@@ -142,14 +176,14 @@ def update(slots: dict[str, Slot], picked: list[tuple[str, Task]], groups: list[
         else:
             slot.acc = g.acc
             train.append(g)
-            latest.setdefault(sid, g)
-    requests = []
-    for sid, g in latest.items():
-        d = direction(slots[sid].acc, low, high)
-        if d and slots[sid].pending is None:
-            requests.append((slots[sid], d, critic_feedback(g, adapter)))
+            if d := direction(g.acc, low, high):
+                asking.append((slot, d, g))
+    feedback = (critic_feedback([g for _, _, g in asking], adapter, engine, temperature=temperature, top_p=top_p)
+                if mode == "generate" else [""] * len(asking))  # variants mode reads no feedback
+    requests = [(slot, d, fb) for (slot, d, _), fb in zip(asking, feedback)]
     for (slot, d, _), (task, tries) in zip(requests, propose(requests, adapter, mode, engine, retries=retries,
-                                                                      max_new_tokens=max_new_tokens)):
+                                                             temperature=temperature, top_p=top_p,
+                                                             max_new_tokens=max_new_tokens)):
         stats["e_tries"] += tries
         if task is None:
             stats["failed"] += 1

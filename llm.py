@@ -610,13 +610,34 @@ def token_logprobs(model, input_ids, attention, chunk: int = 256, amp: bool = Tr
     return torch.cat(parts, dim=1)  # [B, L-1]
 
 
+def token_loss(logp, logp_old, adv, clip_eps: float = 0.2, log_ratio_clamp: float = 10.0):
+    """Eq. 5 per token: the PPO-clip term and the k3 KL estimate to π_old, with r = π_θ/π_old.
+
+        pg = −min(r·A, clip(r, 1−ε, 1+ε)·A)        kl = π_old/π_θ − log(π_old/π_θ) − 1
+    log r is clamped to ±log_ratio_clamp before exp, as in the released code (0: no clamp).
+    logp, logp_old: [b, L-1]; adv: [b]. Returns (pg, kl, r), each [b, L-1].
+
+        >>> pg, kl, r = token_loss(torch.tensor([[0.0, -1.0]]), torch.tensor([[-1.0, -1.0]]), torch.tensor([2.0]))
+        >>> pg.tolist(), round(kl[0, 0].item(), 4)          # r = e clipped to 1.2 → −1.2·2; kl = e^−1 + 1 − 1
+        ([[-2.4000000953674316, -2.0]], 0.3679)
+    """
+    log_ratio = logp - logp_old                                                       # [b, L-1] log r
+    if log_ratio_clamp:
+        log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
+    ratio = torch.exp(log_ratio)                                                      # [b, L-1]
+    a = adv[:, None]                                                                  # [b, 1]
+    pg = -torch.minimum(ratio * a, ratio.clamp(1 - clip_eps, 1 + clip_eps) * a)      # Eq. 5 clip
+    kl = torch.exp(-log_ratio) + log_ratio - 1                                        # Eq. 5 k3 KL
+    return pg, kl, ratio
+
+
 def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: int, clip_eps: float = 0.2,
                kl_beta: float = 0.01, micro_batch: int = 4, amp: bool = True, max_grad_norm: float = 1.0,
-               seed: int = 0) -> dict:
+               seed: int = 0, log_ratio_clamp: float = 10.0) -> dict:
     """Eq. 5: `steps` PPO-clip optimizer steps over this iteration's samples.
 
     Per token t of sample i, with r = π_θ/π_old and the k3 KL estimator to the
-    pre-update policy π_old (= π_ref here):
+    pre-update policy π_old (= π_ref here), as `token_loss` computes them:
         ℓ_t = −min(r·A_i, clip(r, 1−ε, 1+ε)·A_i) + β·(π_old/π_θ − log(π_old/π_θ) − 1)
     The loss is the token-mean per sequence, then the mean over the mini-batch.
     "Old" log-probs are recomputed here by the trained model, never taken from the sampler.
@@ -643,11 +664,7 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
             ids, att, mask, adv = _collate(micro[k], pad_id, device)
             logp = token_logprobs(model, ids, att, amp=amp)                           # [b, L-1]
             logp_old = old[k] if k in old else logp.detach()                          # [b, L-1]
-            ratio = torch.exp(logp - logp_old)                                        # [b, L-1]
-            a = adv[:, None]                                                          # [b, 1]
-            pg = -torch.minimum(ratio * a, ratio.clamp(1 - clip_eps, 1 + clip_eps) * a)  # Eq. 5 clip
-            log_r = logp_old - logp                                                   # log(π_old/π_θ)
-            kl = torch.exp(log_r) - log_r - 1                                         # Eq. 5 k3 KL
+            pg, kl, ratio = token_loss(logp, logp_old, adv, clip_eps, log_ratio_clamp)  # [b, L-1] each
             per_seq = ((pg + kl_beta * kl) * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [b] token-mean
             (per_seq.sum() / n_seq).backward()                                        # mean over mini-batch
             with torch.no_grad():
@@ -666,7 +683,10 @@ def make_optimizer(model, lr: float):
     return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
 
 
-def load_optimizer(optimizer, path: str | Path) -> None:
+def load_optimizer(optimizer, path: str | Path) -> bool:
+    """The optimizer state saved next to a checkpoint; False when there is none."""
     file = Path(path) / "optimizer.pt"
-    if file.exists():
-        optimizer.load_state_dict(torch.load(file, weights_only=True))
+    if not file.exists():
+        return False
+    optimizer.load_state_dict(torch.load(file, weights_only=True))
+    return True

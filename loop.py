@@ -7,7 +7,7 @@ forged together, one iteration at a time.
     python loop.py --task livebench --eval-only --checkpoint runs/NAME
     python loop.py --task alfworld                       # the LLM-agent setting, real ALFWorld engine
 
-One iteration (METHOD.md):
+One iteration (docs/METHOD.md, "One iteration"):
   1. pick the iteration's tasks: active versions + every pending rewrite
   2. P plays G rollouts per task (batched)
   3. R judges every step m times (coding: writes m tests; all programs run on them)
@@ -17,20 +17,23 @@ One iteration (METHOD.md):
   7. log, evaluate every N iterations, checkpoint (atomically: a killed run resumes after
      its last finished iteration, nothing lost or repeated)
 
-Deviation from the paper's defaults, for a 2-core CPU: a 135M model instead of 7B, fewer
-tasks per iteration, smaller G and m, shorter generations, and LR 1e-5 instead of 1e-6
-(at 1e-6 a 135M model barely moves in 15 iterations). Every value is a flag.
+Defaults: the released code's method with sizes for a 2-core CPU (a 135M model, fewer tasks,
+smaller G and m, shorter generations, LR 1e-5). Every value is a flag, `--help` shows the released
+value next to each that differs, and `--preset reference` applies them all; docs/METHOD.md lists
+every deviation from the paper and the released code, with its reason.
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
 import dataclasses
+import fcntl
 import functools
 import json
 import math
 import os
 import random
+import re
 import resource
 import shutil
 import signal
@@ -44,7 +47,7 @@ import llm
 import policy
 import reward_model
 import tasks
-from tasks import stage
+from tasks import sandbox, stage
 
 ABLATIONS = {  # paper Table 1 rows: (use R's verdicts, train R, adapt the environment)
     "grpo": (False, False, False),          # outcome-only GRPO: no R, λ = 0
@@ -76,28 +79,40 @@ class Config:
     tasks_per_iter: int = opt(4, "active tasks per iteration (pending rewrites come on top)")
     group_size: int = opt(8, "G: rollouts per task")
     m: int = opt(4, "R samples per step (coding: generated tests per task)")
+    preset: str = opt("", "reference: the released code's configuration for this setting, method and scale "
+                      "(see docs/METHOD.md); flags given on the command line still win", choices=["", "reference"])
     lam: float = opt(1.0, "λ of Eq. 1 (forced to 0 by --ablation grpo)")
     zero_single: bool = opt(False, "Eq. 2: zero a step index only one rollout reaches (default keeps its raw reward)")
-    coding_reward: str = opt("integrated", "coding policy reward: integrated (Eq. 1) or reference (share of GT tests passed)",
-                             choices=["integrated", "reference"])
+    coding_reward: str = opt("integrated", "coding policy reward: integrated (Eq. 1: outcome + R's tests) or reference "
+                             "(the released code: share of GT tests passed, z-scored)", choices=["integrated", "reference"])
+    acc_lower: float = opt(1 / 8, "policy training keeps tasks with acc in [--acc-lower, --acc-upper]")
+    acc_upper: float = opt(7 / 8, "upper end of the policy's accuracy filter")
+    drop_zero_adv: bool = opt(True, "drop samples whose advantage is exactly 0 (P and R); else they stay in the "
+                              "loss's mean and KL term")
     temperature: float = opt(1.0, "policy sampling temperature")
     top_p: float = opt(0.95, "policy nucleus sampling")
     max_new_tokens: int = opt(192, "policy tokens per step")
     max_turns: int = opt(40, "agent tasks: step limit of an episode (paper, ALFWorld: 40)")
     rm_temperature: float = opt(0.8, "R sampling temperature")
+    rm_top_p: float = opt(0.95, "R nucleus sampling")
     rm_max_new_tokens: int = opt(96, "R tokens per judgment / test")
     env_mode: str = opt("variants", "E's rewrites: variants (move along the ladder) or generate (E writes a task)",
                         choices=["variants", "generate"])
     env_retries: int = opt(4, "N: E's tries per proposal in generate mode")
+    env_temperature: float = opt(0.8, "E sampling temperature (generate mode)")
+    env_top_p: float = opt(0.95, "E nucleus sampling (generate mode)")
     env_max_new_tokens: int = opt(768, "E's tokens per try in generate mode")
     alpha_low: float = opt(0.2, "α_low of Eq. 4")
     alpha_high: float = opt(0.8, "α_high of Eq. 4")
-    lr: float = opt(1e-5, "policy learning rate (paper: 1e-6 at 7B)")
+    lr: float = opt(1e-5, "policy learning rate (AdamW, constant)")
     rm_lr: float = opt(1e-5, "reward-model learning rate")
     policy_steps: int = opt(2, "policy optimizer steps per iteration")
     rm_steps: int = opt(2, "reward-model optimizer steps per iteration")
     clip_eps: float = opt(0.2, "PPO clip ε (Eq. 5)")
     kl_beta: float = opt(0.01, "KL β to the pre-update policy, k3 estimator (Eq. 5)")
+    log_ratio_clamp: float = opt(10.0, "clamp log(π_θ/π_old) to ±this before exp in the loss (Eq. 5; 0: off)")
+    fresh_optimizer: bool = opt(True, "a new AdamW every iteration (released code); --no-fresh-optimizer keeps its "
+                                "state across iterations and checkpoints it")
     micro_batch: int = opt(4, "sequences per forward/backward (gradient accumulation)")
     max_train_samples: int = opt(0, "per model and iteration, train on at most this many samples, drawn at random (0: all)")
     gen_batch: int = opt(64, "sequences per generate call")
@@ -109,6 +124,7 @@ class Config:
     eval_samples: int = opt(1, "policy samples per eval task")
     eval_tasks: int = opt(0, "tasks per eval set, a fixed random subset (0: all)")
     eval_temperature: float = opt(0.0, "policy temperature at eval (0: greedy)")
+    eval_max_turns: int = opt(0, "agent tasks: step limit of an eval episode (0: --max-turns)")
     humaneval_limit: int = opt(10, "HumanEval problems in the OOD eval (0: none, -1: all 164)")
     data: str = opt("", "LiveBench coding questions as an extra eval set: a jsonl in LiveBench's format, or 'hub'")
     backend: str = opt("miniwob", "osworld task: miniwob (MiniWoB++ in headless Chromium, offline) or osworld "
@@ -134,51 +150,124 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
-def _parser(suppress: bool) -> _Parser:
-    parser = _Parser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def _parser(defaults: dict | None) -> _Parser:
+    """The CLI. `defaults`: the setting's values, shown by --help next to the released code's value where
+    they differ; None: no defaults at all, to see which flags the command line gave."""
+    parser = _Parser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                     add_help=defaults is not None)
+    released = tasks.reference(defaults["task"]) if defaults else {}
     for f in dataclasses.fields(Config):
         flag = "--" + f.name.replace("_", "-")
-        default = argparse.SUPPRESS if suppress else f.default
+        default = argparse.SUPPRESS if defaults is None else defaults[f.name]
+        note = f" [released code: {released[f.name]}]" if f.name in released and released[f.name] != default else ""
         kw = {k: v for k, v in f.metadata.items() if k != "help"}
         if f.type == "bool":
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=f.metadata["help"])
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
+                                help=f.metadata["help"] + note)
         else:
             parser.add_argument(flag, type={"int": int, "float": float}.get(f.type, str), default=default,
-                                help=f.metadata["help"], **kw)
+                                help=f.metadata["help"] + note, **kw)
     return parser
+
+
+def setting_defaults(task: str, preset: str = "") -> dict:
+    """Config defaults for a setting: the generic ones, the setting's CPU defaults, then the preset's."""
+    base = {f.name: f.default for f in dataclasses.fields(Config)}
+    return {**base, **tasks.defaults(task), **(tasks.reference(task) if preset == "reference" else {}),
+            "task": task, "preset": preset}
+
+
+NAME_OK = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 
 
 def _run_name(cfg: Config) -> str:
     return cfg.name or f"{cfg.task}-{cfg.ablation}-s{cfg.seed}"
 
 
+# Every numeric flag's valid range, in one place: (flag, test, what it must be).
+RANGES = [
+    ("group_size", lambda v: v >= 2, "at least 2 (advantages are z-scored over the group)"),
+    ("m", lambda v: v >= 1, "at least 1"),
+    ("seed", lambda v: v >= 0, ">= 0"),
+    ("iterations", lambda v: v >= 0, ">= 0"),
+    ("tasks_per_iter", lambda v: v >= 1, "at least 1"),
+    ("max_turns", lambda v: v >= 1, "at least 1"),
+    ("browsers", lambda v: v >= 1, "at least 1"),
+    ("max_train_samples", lambda v: v >= 0, ">= 0 (0: all)"),
+    ("eval_tasks", lambda v: v >= 0, ">= 0 (0: all)"),
+    ("eval_samples", lambda v: v >= 1, "at least 1"),
+    ("eval_every", lambda v: v >= -1, ">= -1"),
+    ("humaneval_limit", lambda v: v >= -1, ">= -1 (-1: all, 0: none)"),
+    ("lora_rank", lambda v: v >= 0, ">= 0 (0: full fine-tune)"),
+    ("gen_batch", lambda v: v >= 1, "at least 1"),
+    ("micro_batch", lambda v: v >= 1, "at least 1"),
+    ("max_model_len", lambda v: v >= 64, "at least 64"),
+    ("max_new_tokens", lambda v: v >= 1, "at least 1"),
+    ("rm_max_new_tokens", lambda v: v >= 1, "at least 1"),
+    ("env_max_new_tokens", lambda v: v >= 1, "at least 1"),
+    ("env_retries", lambda v: v >= 1, "at least 1"),
+    ("policy_steps", lambda v: v >= 1, "at least 1"),
+    ("rm_steps", lambda v: v >= 1, "at least 1"),
+    ("lr", lambda v: 0 < v < 1, "in (0, 1)"),
+    ("rm_lr", lambda v: 0 < v < 1, "in (0, 1)"),
+    ("lam", lambda v: v >= 0, ">= 0"),
+    ("temperature", lambda v: 0 < v <= 10, "in (0, 10] (training samples at T > 0)"),
+    ("rm_temperature", lambda v: 0 <= v <= 10, "in [0, 10] (0: greedy)"),
+    ("rm_top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("env_temperature", lambda v: 0 <= v <= 10, "in [0, 10] (0: greedy)"),
+    ("env_top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("acc_lower", lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("acc_upper", lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("log_ratio_clamp", lambda v: v >= 0, ">= 0 (0: off)"),
+    ("eval_max_turns", lambda v: v >= 0, ">= 0 (0: --max-turns)"),
+    ("eval_temperature", lambda v: 0 <= v <= 10, "in [0, 10] (0: greedy)"),
+    ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("alpha_low", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("alpha_high", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("clip_eps", lambda v: 0 < v < 1, "in (0, 1)"),
+    ("kl_beta", lambda v: v >= 0, ">= 0"),
+    ("sandbox_timeout", lambda v: 0.5 <= v <= 600, "in [0.5, 600] seconds (a Python program needs ~0.1 s to start)"),
+    ("browser_timeout", lambda v: v >= 1, "at least 1 second"),
+    ("vllm_gpu_memory", lambda v: 0 < v <= 1, "in (0, 1]"),
+]
+
+
+def validate(cfg: "Config") -> None:
+    """Flag ranges and combinations; raises ConfigError with one line naming the flag."""
+    for name, ok, must in RANGES:
+        value = getattr(cfg, name)
+        if isinstance(value, float) and not math.isfinite(value) or not ok(value):
+            raise ConfigError(f"--{name.replace('_', '-')} must be {must}, not {value}")
+    combos = [
+        (cfg.alpha_low >= cfg.alpha_high, "need --alpha-low < --alpha-high"),
+        (cfg.acc_lower > cfg.acc_upper, "need --acc-lower <= --acc-upper"),
+        (cfg.resume and cfg.eval_only, "--resume and --eval-only don't go together"),
+        (cfg.eval_only and not cfg.checkpoint, "--eval-only needs --checkpoint (a run folder or a model folder)"),
+        (cfg.ablation == "grpo" and cfg.lam not in (0.0, 1.0), "--ablation grpo has no reward model: --lam must stay unset"),
+    ]
+    for bad, msg in combos:
+        if bad:
+            raise ConfigError(msg)
+
+
 def parse_args(argv=None) -> Config:
-    """Flags → Config. With --resume, the run's saved config is the base and only the flags given
-    on this command line change it (e.g. a larger --iterations to extend a run)."""
-    cfg = Config(**vars(_parser(suppress=False).parse_args(argv)))
-    given = vars(_parser(suppress=True).parse_args(argv))
-    cfg = Config(**{**dataclasses.asdict(cfg), **tasks.defaults(cfg.task), **given})  # the task's CPU defaults
+    """Flags → Config: the generic defaults, then the setting's (tasks/<task>.py DEFAULTS), then
+    --preset's, then the flags given. With --resume, the run's saved config is the base and only
+    the flags given on this command line change it (e.g. a larger --iterations to extend a run)."""
+    given = vars(_parser(None).parse_known_args(argv)[0])
+    task = given.get("task", Config.task)
+    cfg = Config(**vars(_parser(setting_defaults(task, given.get("preset", ""))).parse_args(argv)))
+    if not NAME_OK.fullmatch(cfg.name or "x"):
+        raise ConfigError(f"--name {cfg.name!r}: use letters, digits, '.', '_' and '-' only "
+                          "(a folder name under --runs-dir, not a path)")
     if cfg.resume:
         saved = Path(cfg.runs_dir) / _run_name(cfg) / "config.json"
         if saved.exists():
-            cfg = Config(**{**json.loads(saved.read_text()), **given})
-    checks = [
-        (cfg.group_size < 2, "--group-size must be at least 2 (advantages are z-scored over the group)"),
-        (cfg.m < 1, "--m must be at least 1"),
-        (not 0 <= cfg.alpha_low < cfg.alpha_high <= 1, "need 0 <= --alpha-low < --alpha-high <= 1"),
-        (cfg.resume and cfg.eval_only, "--resume and --eval-only don't go together"),
-        (cfg.lora_rank < 0, "--lora-rank must be >= 0 (0: full fine-tune)"),
-        (cfg.eval_only and not cfg.checkpoint, "--eval-only needs --checkpoint (a run folder or a model folder)"),
-        (cfg.ablation == "grpo" and cfg.lam not in (0.0, 1.0), "--ablation grpo has no reward model: --lam must stay unset"),
-        (cfg.iterations < 0 or cfg.tasks_per_iter < 1, "--iterations must be >= 0 and --tasks-per-iter >= 1"),
-        (cfg.max_turns < 1 or cfg.max_train_samples < 0 or cfg.eval_tasks < 0 or cfg.browsers < 1,
-         "--max-turns and --browsers must be >= 1, --max-train-samples and --eval-tasks >= 0"),
-        (min(cfg.lr, cfg.rm_lr, cfg.temperature, cfg.max_new_tokens, cfg.policy_steps, cfg.rm_steps) <= 0,
-         "learning rates, --temperature, --max-new-tokens and the step counts must be positive"),
-    ]
-    for bad, msg in checks:
-        if bad:
-            raise ConfigError(msg)
+            try:
+                cfg = Config(**{**json.loads(saved.read_text()), **given})
+            except (json.JSONDecodeError, TypeError, UnicodeDecodeError) as e:
+                raise ConfigError(f"{saved} is damaged ({type(e).__name__}); fix or remove it") from None
+    validate(cfg)
     if cfg.ablation == "grpo":
         cfg.lam = 0.0
     if cfg.amp and not llm.bf16_fast():
@@ -192,17 +281,45 @@ def parse_args(argv=None) -> Config:
 
 class Run:
     """runs/<name>/: config.json, metrics.jsonl, tb/, curve.png, samples/, and ckpt/ — the last finished
-    iteration's P, R (HF format + optimizer), environment slots and state, swapped in atomically."""
+    iteration's P, R (HF format + optimizer), environment slots and state, swapped in atomically.
+
+    The folder is locked (`.lock`, fcntl.flock) for the run's lifetime: a second launch on it stops
+    with the holder's pid. A folder with no finished iteration (killed during the initial eval) is
+    started again from scratch by --resume, with its saved config."""
 
     def __init__(self, cfg: Config):
         self.cfg, self.dir = cfg, Path(cfg.runs_dir) / cfg.name
         self.ckpt = self.dir / "ckpt"
-        if cfg.resume:
-            self._recover()
-            if not (self.ckpt / "state.json").exists():
-                raise ConfigError(f"--resume: no finished iteration in {self.dir} to resume from")
-        elif self.dir.exists() and any(self.dir.iterdir()):
-            raise ConfigError(f"run folder {self.dir} exists: pass --resume to continue it, or another --name")
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._lock = open(self.dir / ".lock", "a+")
+        except OSError as e:
+            raise ConfigError(f"cannot create the run folder {self.dir}: {e.strerror}") from None
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.seek(0)
+            holder = self._lock.read().strip() or "?"
+            self._lock.close()
+            raise ConfigError(f"run folder {self.dir} is in use by another run (pid {holder})") from None
+        self._lock.truncate(0)
+        self._lock.write(str(os.getpid()))
+        self._lock.flush()
+        self._recover()
+        self.fresh = not (self.ckpt / "state.json").exists()  # no finished iteration: start from scratch
+        if not cfg.resume and any(p.name != ".lock" for p in self.dir.iterdir()):
+            self.close()
+            raise ConfigError(f"run folder {self.dir} exists: pass --resume to continue it "
+                              + ("(it has no finished iteration: it restarts from scratch with its saved config)"
+                                 if self.fresh else "") + ", or another --name")
+
+    def close(self) -> None:
+        """Release the lock; a folder that holds nothing else (a launch that failed early) is removed."""
+        if self._lock.closed:
+            return
+        if [p.name for p in self.dir.iterdir()] == [".lock"]:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        self._lock.close()
 
     def create(self) -> None:
         """Called once the task and the models loaded, so a bad flag leaves no folder behind."""
@@ -221,7 +338,22 @@ class Run:
         shutil.rmtree(old, ignore_errors=True)
 
     def state(self) -> dict:
-        return json.loads((self.ckpt / "state.json").read_text())
+        return self.read_json("state.json")
+
+    def read_json(self, name: str):
+        """A file of the checkpoint; a damaged one is a one-line error, not a traceback."""
+        try:
+            return json.loads((self.ckpt / name).read_text())
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"--resume: {self.ckpt / name} is damaged ({type(e).__name__}); "
+                              f"the checkpoint cannot be resumed") from None
+
+    def restart(self) -> None:
+        """--resume of a folder with no finished iteration: drop what the killed attempt wrote."""
+        for name in ("metrics.jsonl", "curve.png"):
+            (self.dir / name).unlink(missing_ok=True)
+        for name in ("tb", "samples", "ckpt.tmp"):
+            shutil.rmtree(self.dir / name, ignore_errors=True)
 
     def prepare(self, models: dict, slots) -> None:
         """Write the iteration's checkpoint to ckpt.tmp (the slow part); `commit` makes it current."""
@@ -261,7 +393,7 @@ def plot_curve(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = ["train/acc"] + sorted({k for r in rows for k in r if k.startswith("eval/")})
+    keys = ["train/acc"] + sorted({k for r in rows for k in r if k.startswith("eval/") and not k.endswith("_se")})
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, group in zip(axes, (keys[:1], keys[1:])):
         for k in group:
@@ -306,7 +438,7 @@ def build_models(cfg: Config, use_rm: bool, policy_init: str, rm_init: str, env_
                 model = llm.add_lora(model, cfg.lora_rank)
             if cfg.grad_checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            models[name] = (model, tok, llm.make_optimizer(model, lr))
+            models[name] = (model, tok, None if cfg.fresh_optimizer else llm.make_optimizer(model, lr))
     to_serve = {k: (m, t) for k, (m, t, _) in models.items()}
     if env_init:
         to_serve["environment"] = llm.load(env_init, cfg.seed)
@@ -320,13 +452,20 @@ def build_models(cfg: Config, use_rm: bool, policy_init: str, rm_init: str, env_
 
 def print_table(results: dict) -> None:
     """The paper's Table 1 columns for this setting (coding: Code / UT / Detect; agents: success,
-    Process Acc, Outcome Acc), one row per eval set, in %."""
+    Process Acc, Outcome Acc), one row per eval set, in %, accuracies with their standard error."""
     sets = sorted({k.split("/")[0] for k in results})
-    cols = list(dict.fromkeys(k.split("/", 1)[1] for k in results))
-    print(f"{'eval set':<12}" + "".join(f"{c.upper():>13}" for c in cols))
+    cols = list(dict.fromkeys(k.split("/", 1)[1] for k in results if not k.endswith("_se")))
+    print(f"{'eval set':<12}" + "".join(f"{c.upper():>16}" for c in cols))
     for s in sets:
-        print(f"{s:<12}" + "".join(f"{100 * results[f'{s}/{c}']:>13.1f}" if f"{s}/{c}" in results else f"{'-':>13}"
-                                   for c in cols))
+        print(f"{s:<12}" + "".join(f"{_pct(results, f'{s}/{c}'):>16}" for c in cols))
+
+
+def _pct(results: dict, key: str) -> str:
+    """A metric in %, with ± its standard error when the adapter reports one."""
+    if key not in results:
+        return "-"
+    se = results.get(key + "_se", float("nan"))
+    return f"{100 * results[key]:.1f}" + ("" if math.isnan(se) else f" ± {100 * se:.1f}")
 
 
 def evaluate(cfg, adapter, engines) -> dict:
@@ -354,15 +493,32 @@ def eval_only(cfg: Config) -> None:
 # ───────────────────────────── the loop ─────────────────────────────
 
 def train(cfg: Config) -> Path:
-    use_rm, train_rm, adapt_env = ABLATIONS[cfg.ablation]
     run = Run(cfg)
+    try:
+        return _train(cfg, run)
+    finally:
+        run.close()
+
+
+def _train(cfg: Config, run: Run) -> Path:
+    use_rm, train_rm, adapt_env = ABLATIONS[cfg.ablation]
+    removed = sandbox.cleanup_stale()
+    if removed:
+        print(f"[loop] removed {removed} leftover sandbox folder(s) of killed runs")
     adapter = tasks.get(cfg.task, cfg)
     start = 0
+    if cfg.resume and run.fresh:
+        print(f"[loop] {run.dir} has no finished iteration: starting it again from scratch", flush=True)
+        run.restart()
+        cfg.resume = False
     if cfg.resume:
         start = run.state()["iteration"]
         run.truncate_metrics(start)
         policy_init, rm_init = str(run.ckpt / "policy"), str(run.ckpt / "reward_model")
-        slots = env.slots_from_json(json.loads((run.ckpt / "env_state.json").read_text()))
+        try:
+            slots = env.slots_from_json(run.read_json("env_state.json"))
+        except (TypeError, KeyError, AttributeError) as e:
+            raise ConfigError(f"--resume: {run.ckpt / 'env_state.json'} is damaged ({type(e).__name__})") from None
         print(f"[loop] resuming {run.dir} after iteration {start}", flush=True)
     else:
         policy_init, rm_init = cfg.model, cfg.rm_model or cfg.model
@@ -371,7 +527,9 @@ def train(cfg: Config) -> Path:
     models, engines = build_models(cfg, use_rm, policy_init, rm_init, env_init)
     if cfg.resume:
         for name, (_, _, optimizer) in models.items():
-            llm.load_optimizer(optimizer, run.ckpt / name)
+            if optimizer is not None and not llm.load_optimizer(optimizer, run.ckpt / name):
+                print(f"[loop] warning: {run.ckpt / name / 'optimizer.pt'} is missing: "
+                      f"{name} goes on with a fresh AdamW state", flush=True)
     run.create()
 
     from torch.utils.tensorboard import SummaryWriter
@@ -417,12 +575,14 @@ def train(cfg: Config) -> Path:
             with stage(timings, "environment"):                             # 4. E adapts
                 train_groups, env_stats = env.update(
                     slots, picked, groups, adapter, cfg.env_mode, engines.get("environment"), low=cfg.alpha_low,
-                    high=cfg.alpha_high, retries=cfg.env_retries, max_new_tokens=cfg.env_max_new_tokens,
-                    iteration=it)
+                    high=cfg.alpha_high, retries=cfg.env_retries, temperature=cfg.env_temperature,
+                    top_p=cfg.env_top_p, max_new_tokens=cfg.env_max_new_tokens, iteration=it)
         else:
             train_groups = [g for g, a in zip(groups, is_active) if a]
-        p_samples = policy.policy_samples(train_groups, cfg.lam, not cfg.zero_single, cfg.coding_reward)  # 5.
-        r_samples = reward_model.rm_samples(train_groups, adapter.judge_kind) if train_rm else []
+        p_samples = policy.policy_samples(train_groups, cfg.lam, not cfg.zero_single, cfg.coding_reward,  # 5.
+                                          (cfg.acc_lower, cfg.acc_upper), cfg.drop_zero_adv)
+        r_samples = reward_model.rm_samples(train_groups, adapter.judge_kind,
+                                            drop_zero=cfg.drop_zero_adv) if train_rm else []
         stats = {}
         with stage(timings, "train_policy"):                                # 6. update P, then R
             stats |= update(cfg, models["policy"], engines["policy"], p_samples, cfg.policy_steps, it, "policy")
@@ -474,12 +634,15 @@ def release_memory() -> float:
 
 
 def update(cfg: Config, model_tok_opt, engine, samples, steps: int, it: int, name: str) -> dict:
-    """Eq. 5 on one model, then sync its engine."""
+    """Eq. 5 on one model, then sync its engine. With --fresh-optimizer (the released code) every
+    iteration starts from a new AdamW; otherwise the run's optimizer carries its moments over."""
     model, tok, optimizer = model_tok_opt
+    optimizer = optimizer or llm.make_optimizer(model, cfg.lr if name == "policy" else cfg.rm_lr)
     if 0 < cfg.max_train_samples < len(samples):  # a compute budget per iteration, not in the paper
         samples = random.Random(cfg.seed * 100_003 + it).sample(samples, cfg.max_train_samples)
     stats = llm.ppo_update(model, optimizer, samples, tok.pad_token_id, steps=steps, clip_eps=cfg.clip_eps,
-                           kl_beta=cfg.kl_beta, micro_batch=cfg.micro_batch, amp=cfg.amp, seed=it)
+                           kl_beta=cfg.kl_beta, micro_batch=cfg.micro_batch, amp=cfg.amp, seed=it,
+                           log_ratio_clamp=cfg.log_ratio_clamp)
     engine.sync()
     release_memory()
     return {f"losses/{name}_{k}": v for k, v in stats.items()}
@@ -495,13 +658,14 @@ def _summary(it: int, row: dict) -> str:
              f"R samples {row['train/rm_samples']}"]
     if "env/proposed" in row:
         parts.append(f"env +{row['env/accepted']}/-{row['env/rejected']} new {row['env/proposed']}")
-    parts += [f"{k.removeprefix('eval/')} {100 * v:.1f}" for k, v in row.items()
-              if k.startswith("eval/") and not math.isnan(v)]
+    parts += [f"{k.removeprefix('eval/')} {_pct(row, k)}" for k, v in row.items()
+              if k.startswith("eval/") and not k.endswith("_se") and not math.isnan(v)]
     parts.append(" ".join(f"{k.removeprefix('time/')} {v:.0f}s" for k, v in row.items() if k.startswith("time/")))
     return " | ".join(parts)
 
 
 def main(argv=None) -> int:
+    cfg = None
     try:
         cfg = parse_args(argv)
         if cfg.eval_only:
@@ -511,6 +675,13 @@ def main(argv=None) -> int:
     except (ConfigError, llm.ModelError, tasks.TaskError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if cfg is not None and not cfg.eval_only:
+            print(f"\ninterrupted: the last finished iteration is kept; continue with "
+                  f"python loop.py --name {cfg.name} --runs-dir {cfg.runs_dir} --resume", file=sys.stderr)
+        else:
+            print("\ninterrupted", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -16,7 +16,7 @@ import statistics
 
 from llm import Sample
 
-POLICY_ACC_RANGE = (1 / 8, 7 / 8)  # tasks outside it are left out of policy training
+POLICY_ACC_RANGE = (1 / 8, 7 / 8)  # tasks outside it are left out of policy training (ALFWorld's; each setting sets its own)
 
 
 def integrated_reward(outcome: int, verdicts: list[int], lam: float = 1.0) -> float:
@@ -55,12 +55,14 @@ def step_advantages(rewards: list[list[float]], keep_single: bool = True) -> lis
 
 
 def policy_samples(groups, lam: float = 1.0, keep_single: bool = True, reward: str = "integrated",
-                   acc_range: tuple[float, float] = POLICY_ACC_RANGE) -> list[Sample]:
+                   acc_range: tuple[float, float] = POLICY_ACC_RANGE, drop_zero: bool = True) -> list[Sample]:
     """Eq. 1 → Eq. 2 → samples. Fills step.reward and step.advantage on every group.
 
-    reward="reference" uses the rollout's graded score (coding: the share of GT tests
-    passed, as the released code does) instead of Eq. 1.
-    Tasks whose acc lies outside acc_range are left out; steps with advantage 0 are dropped.
+    reward="reference" uses the rollout's graded score (coding: the share of GT tests passed, as the
+    released code does) instead of Eq. 1; z-scored over the group like any single-step reward.
+    Tasks whose acc lies outside acc_range are left out. Steps with advantage 0 are dropped when
+    drop_zero (the released code drops them in ALFWorld and OSWorld and keeps them in coding, where
+    they still count in the loss's batch mean and its KL term).
     """
     samples = []
     for g in groups:
@@ -74,5 +76,5 @@ def policy_samples(groups, lam: float = 1.0, keep_single: bool = True, reward: s
         if not acc_range[0] <= g.acc <= acc_range[1]:
             continue
         samples += [Sample(st.prompt_ids, st.response_ids, st.advantage)
-                    for ro in g.rollouts for st in ro.steps if st.advantage != 0 and st.response_ids]
+                    for ro in g.rollouts for st in ro.steps if st.response_ids and not (drop_zero and st.advantage == 0)]
     return samples

@@ -7,7 +7,7 @@ coding setting it writes unit tests instead (one test per sample). Either way it
 trained with the same PPO loss as P (Eq. 5) on its whole output, with a reward that
 measures how consistent each judgment is with the outcome and its siblings:
 
-    >>> consistency_rewards(-0.5, [1, 0])     # METHOD.md worked example, step B·1
+    >>> consistency_rewards(-0.5, [1, 0])     # docs/METHOD.md worked example, step B·1
     [1.0, -1.0]
     >>> test_writer_rewards([True, False], [[True, True], [False, True]])
     [1.0, -1.0]
@@ -80,7 +80,7 @@ def consistency_rewards(step_reward: float, verdicts: list[int]) -> list[float] 
 
 
 def test_writer_rewards(gt_pass: list[bool], passes: list[list[bool]]) -> list[float] | None:
-    """The coding reward of R's m generated tests (METHOD.md "Coding"), z-scored over the tests.
+    """The coding reward of R's m generated tests (docs/METHOD.md, "coding R reward"), z-scored over the tests.
 
     gt_pass[i]: program i passes every ground-truth test (a "GT code").
     passes[i][k]: program i passes generated test k.
@@ -141,21 +141,23 @@ def agent_metrics(rollouts) -> dict:
             "outcome_acc": outcome_hits / len(scored) if scored else float("nan")}
 
 
-def rm_samples(groups, kind: str, acc_range: tuple[float, float] = RM_ACC_RANGE) -> list[Sample]:
+def rm_samples(groups, kind: str, acc_range: tuple[float, float] = RM_ACC_RANGE, drop_zero: bool = True) -> list[Sample]:
     """Training samples for R from one iteration (run after policy.policy_samples filled step.reward).
 
-    kind="steps": Eq. 3 per step, over tasks with acc in acc_range.
-    kind="tests": the coding test-writer reward per task.
-    Samples with advantage 0 are dropped, as for the policy.
+    Only tasks with acc in acc_range feed R, in every setting (released code: [0.2, 0.8]): a task with
+    no success or no failure gives R nothing to be consistent with.
+    kind="steps": Eq. 3 per step.  kind="tests": the coding test-writer reward per task.
+    Samples with advantage 0 are dropped when drop_zero, as for the policy.
     """
     samples = []
     for g in groups:
+        if not acc_range[0] <= g.acc <= acc_range[1]:
+            continue
         if kind == "tests":
             pairs = [(g.tests, test_writer_rewards([ro.outcome > 0 for ro in g.rollouts], g.test_passes))]
-        elif acc_range[0] <= g.acc <= acc_range[1]:
+        else:
             pairs = [(st.judgments, consistency_rewards(st.reward, st.verdicts))
                      for ro in g.rollouts for st in ro.steps]
-        else:
-            continue
-        samples += [Sample(c.prompt_ids, c.ids, a) for outs, adv in pairs if adv for c, a in zip(outs, adv) if a != 0]
+        samples += [Sample(c.prompt_ids, c.ids, a) for outs, adv in pairs if adv
+                    for c, a in zip(outs, adv) if not (drop_zero and a == 0)]
     return samples

@@ -5,7 +5,9 @@ functions over them. An adapter (one per setting) provides:
 
     train_tasks() -> list[Task]                     the slots' original tasks
     eval_sets() -> dict[str, list[Task]]            e.g. {"in_domain": ..., "ood": ...}
-    rollout(tasks, G, engine, cfg) -> list[Group]   P plays G rollouts of each task (batched)
+    rollout(tasks, G, engine, cfg, temperature=None, max_turns=None) -> list[Group]
+                                                    P plays G rollouts of each task (batched); the
+                                                    keywords override cfg's (evaluation)
     judge(groups, engine, cfg) -> None              R fills step.verdicts / step.judgments / group.tests
     evaluate(sets, policy, rm, cfg) -> dict         the paper's Table 1 columns for this setting
     variant(task, direction) -> Task | None         `variants` mode of E: the next easier/harder variant
@@ -20,12 +22,14 @@ functions over them. An adapter (one per setting) provides:
 from __future__ import annotations
 
 import importlib
+import math
 import random
+import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from llm import Completion
+from llm import Completion, prefilled
 
 
 @dataclass
@@ -87,7 +91,8 @@ class TaskError(Exception):
     """Bad task name or data file; the message is one line for the user."""
 
 
-REGISTRY = {"livebench": "tasks.livebench", "alfworld": "tasks.alfworld", "osworld": "tasks.osworld"}
+REGISTRY = {"livebench": "tasks.livebench", "alfworld": "tasks.alfworld", "osworld": "tasks.osworld",
+            "maze": "tasks.maze"}
 
 
 def eval_groups(adapter, sets: dict[str, list[Task]], policy, rm, cfg) -> dict[str, list[Group]]:
@@ -95,16 +100,58 @@ def eval_groups(adapter, sets: dict[str, list[Task]], policy, rm, cfg) -> dict[s
     back by set: bigger batches are faster. eval set name → its groups."""
     names = [name for name, ts in sets.items() for _ in ts]
     groups = adapter.rollout([t for ts in sets.values() for t in ts], cfg.eval_samples, policy, cfg,
-                             temperature=cfg.eval_temperature)
+                             temperature=cfg.eval_temperature, max_turns=cfg.eval_max_turns or cfg.max_turns)
     if rm is not None:
         adapter.judge(groups, rm, cfg)
     return {name: [g for g, n in zip(groups, names) if n == name] for name in sets}
+
+
+def accuracy(groups: list[Group]) -> tuple[float, float]:
+    """An eval set's accuracy and its standard error: the mean over tasks of each task's accuracy
+    (over its --eval-samples episodes), and std/√n over tasks (the task is the unit that was sampled;
+    nan for a single task)."""
+    accs = [g.acc for g in groups]
+    se = statistics.stdev(accs) / math.sqrt(len(accs)) if len(accs) > 1 else float("nan")
+    return sum(accs) / len(accs), se
 
 
 def eval_subsets(splits: dict[str, list[Task]], n: int, seed: int) -> dict[str, list[Task]]:
     """Every non-empty split but "train" as an eval set, cut to a fixed random subset of n tasks (0: all)."""
     return {name: (random.Random(seed).sample(ts, n) if 0 < n < len(ts) else ts)
             for name, ts in splits.items() if name != "train" and ts}
+
+
+ANSWER_PREFIX = "\\boxed{"   # the agent settings prefill P's answer with it: a 135M model otherwise rarely boxes one
+
+
+def play_turns(episodes: list, over, prompt_of, act_all, engine, cfg, temperature: float | None,
+               max_turns: int) -> None:
+    """Batched multi-turn play (agent settings): at every turn ONE generate call serves every live
+    episode (those not `over` and under max_turns steps), its answer prefilled with ANSWER_PREFIX;
+    then `act_all([(episode, prompt + prefix, completion)])` applies the answers."""
+    for _ in range(max_turns):
+        live = [ep for ep in episodes if not over(ep) and len(ep.steps) < max_turns]
+        if not live:
+            return
+        prompts = [prompt_of(ep, engine.tokenizer) for ep in live]
+        outs = prefilled(engine, prompts, ANSWER_PREFIX, n=1, max_new_tokens=cfg.max_new_tokens, top_p=cfg.top_p,
+                         temperature=cfg.temperature if temperature is None else temperature)
+        act_all([(ep, p + ANSWER_PREFIX, c) for ep, p, (c,) in zip(live, prompts, outs)])
+
+
+def agent_results(played: dict[str, list[Group]], rm, process: bool = True) -> dict:
+    """The Table 1 columns of an agent setting, per eval set: success (± its standard error), and with
+    R its Outcome Acc, and its Process Acc where steps carry ground-truth labels."""
+    from reward_model import agent_metrics
+    out = {}
+    for name, mine in played.items():
+        out[f"{name}/success"], out[f"{name}/success_se"] = accuracy(mine)
+        if rm is not None:
+            m = agent_metrics([ro for g in mine for ro in g.rollouts])
+            if process:
+                out[f"{name}/process_acc"] = m["process_acc"]
+            out[f"{name}/outcome_acc"] = m["outcome_acc"]
+    return out
 
 
 def judge_steps(groups: list[Group], engine, cfg) -> None:
@@ -115,7 +162,7 @@ def judge_steps(groups: list[Group], engine, cfg) -> None:
 
     steps = [(st, p) for g in groups for ro in g.rollouts for st, p in zip(ro.steps, ro.info["judge_prompts"])]
     outs = engine.generate([render_chat(engine.tokenizer, p) for _, p in steps], n=cfg.m,
-                           temperature=cfg.rm_temperature, top_p=1.0, max_new_tokens=cfg.rm_max_new_tokens)
+                           temperature=cfg.rm_temperature, top_p=cfg.rm_top_p, max_new_tokens=cfg.rm_max_new_tokens)
     for (st, _), judgments in zip(steps, outs):
         st.judgments = judgments
         st.verdicts = [parse_verdict(c.text) for c in judgments]  # S_{τ_i,j} ∈ {+1, −1, 0}
@@ -124,6 +171,11 @@ def judge_steps(groups: list[Group], engine, cfg) -> None:
 def defaults(name: str) -> dict:
     """A setting's own CPU defaults (its module's DEFAULTS): flags given on the command line win."""
     return getattr(importlib.import_module(REGISTRY[name]), "DEFAULTS", {}) if name in REGISTRY else {}
+
+
+def reference(name: str) -> dict:
+    """The released code's configuration of a setting (its module's REFERENCE), for --preset reference."""
+    return getattr(importlib.import_module(REGISTRY[name]), "REFERENCE", {}) if name in REGISTRY else {}
 
 
 def get(name: str, cfg):

@@ -17,7 +17,10 @@ to `max_turns` steps, R judges every step m times, E rewrites a goal's object an
   shortest plan, as far as the planner's plan is shortest). Labels are computed where Process Acc is
   measured, in evaluation (`labels=True`); training never uses them (R learns from consistency, Eq. 3),
   so training rollouts skip the planner, which was 60% of the engine's time per step.
-- E: \\boxed{OBJ,REC} from the types present in the scene; the planner must solve the new game.
+- E (generate mode, as in the released code): first summarizes each failed rollout in at most two
+  sentences, from its trajectory and the steps R judged −1 every time; then, given the scene's initial
+  state, the task, its success rate and those summaries, answers \\boxed{OBJ,REC} from the types present
+  in the scene; the planner must solve the new game.
 """
 from __future__ import annotations
 
@@ -25,21 +28,30 @@ import json
 import os
 import random
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llm import prefilled, render_chat
-from reward_model import agent_metrics
-from tasks import Group, Rollout, Step, Task, TaskError, eval_groups, eval_subsets, judge_steps, stage
+from llm import render_chat
+from tasks import (ANSWER_PREFIX, Group, Rollout, Step, Task, TaskError, agent_results, eval_groups, eval_subsets,
+                   judge_steps, play_turns, stage)
 from tasks import alfworld_games as games
 
-DEFAULTS = {  # CPU defaults for this setting (each one a flag); paper (GPU): 16 tasks × G 8, 40 turns, m 3
+DEFAULTS = {  # CPU defaults for this setting (each one a flag); --help shows the released value next to each
     "tasks_per_iter": 4, "group_size": 8, "max_turns": 15, "max_new_tokens": 6, "m": 3, "rm_max_new_tokens": 48,
     "temperature": 0.8, "rm_temperature": 0.8, "env_mode": "generate", "env_retries": 8, "env_max_new_tokens": 32,
-    "eval_every": 0,
-    "eval_tasks": 24, "max_train_samples": 48,
+    "policy_steps": 4, "rm_steps": 4, "acc_lower": 1 / 8, "acc_upper": 7 / 8, "drop_zero_adv": True,
+    "eval_every": 0, "eval_tasks": 24, "eval_temperature": 0.8, "eval_max_turns": 15, "max_train_samples": 48,
 }
-ANSWER_PREFIX = "\\boxed{"   # prefilled start of P's answer (see the module docstring)
+# The released code's ALFWorld configuration (configs/alfworld_rl.yaml and sample/alfworld_rl_rollout.py).
+REFERENCE = {
+    "tasks_per_iter": 16, "group_size": 8, "max_turns": 40, "max_new_tokens": 2000, "temperature": 0.8,
+    "top_p": 0.95, "m": 3, "rm_temperature": 0.8, "rm_top_p": 0.95, "rm_max_new_tokens": 4000,
+    "env_mode": "generate", "env_retries": 8, "env_temperature": 0.8, "env_top_p": 0.95, "env_max_new_tokens": 8192,
+    "lr": 1e-6, "rm_lr": 1e-6, "policy_steps": 4, "rm_steps": 4, "acc_lower": 1 / 8, "acc_upper": 7 / 8,
+    "drop_zero_adv": True, "fresh_optimizer": True, "log_ratio_clamp": 10.0, "iterations": 200, "eval_every": 5,
+    "eval_samples": 3, "eval_temperature": 0.8, "eval_max_turns": 60, "eval_tasks": 0, "max_train_samples": 0,
+}
 HISTORY = 3                  # (action, observation) pairs the prompts show
 SPLITS = {"train": "train", "in_domain": "valid_seen", "ood": "valid_unseen"}
 TYPE_TEXT = {"pick_and_place_simple": "put an object in a receptacle",
@@ -69,17 +81,27 @@ Result: {next_obs}
 Was this a good step towards the task? Explain in one sentence, then answer \\boxed{{1}} (good) or \\boxed{{-1}} (bad)."""
 
 REWRITE_PROMPT = """You design tasks for a household robot in a text game. Make the task below {direction} for the \
-robot by choosing a new {what} from this room.
+robot by choosing a new {what} from this room. Harder: rarer types, more searching. Easier: common types that are \
+easy to find.
 
 Task type: {type_text}
 Current task: {goal}
-Objects in this room: {objects}
-{rec_label} in this room: {receptacles}
+The robot's success rate on the current task: {acc}
+Objects in this room (type × count): {objects}
+{rec_label} in this room (type × count): {receptacles}
 
-What the critics saw when the robot tried the current task:
+Why the robot failed, summarized from its failed attempts:
 {feedback}
 
 Answer with your choice as \\boxed{{OBJECT,{rec_upper}}}, for example \\boxed{{{example}}}."""
+
+SUMMARY_PROMPT = """A household robot did not finish its task in a text game within {steps} steps.
+Task: {goal}
+Steps a reviewer judged bad every time: {risky}
+
+What happened:
+{trajectory}
+In at most two sentences, say the most likely reasons it failed. Put the summary in \\boxed{{}}."""
 
 _BOXED_INT = re.compile(r"\\boxed\{\s*(\d+)\s*\}")
 _BOXED_PAIR = re.compile(r"\\boxed\{([^{}]*)\}")
@@ -244,25 +266,25 @@ class Adapter:
                                                            actions=actions))
 
     # — P plays: every live episode in one generate call per turn —
-    def rollout(self, tasks: list[Task], G: int, engine, cfg, temperature: float | None = None) -> list[Group]:
+    def rollout(self, tasks: list[Task], G: int, engine, cfg, temperature: float | None = None,
+                max_turns: int | None = None) -> list[Group]:
+        max_turns = max_turns or cfg.max_turns
         with stage(self.timings, "engine"):
             episodes = [self._start(t) for t in tasks for _ in range(G)]
-        for _ in range(cfg.max_turns):
-            live = [ep for ep in episodes if not ep.won and len(ep.steps) < cfg.max_turns]
-            if not live:
-                break
-            prompts = [self.policy_prompt(ep, engine.tokenizer) for ep in live]
-            outs = prefilled(engine, prompts, ANSWER_PREFIX, n=1, max_new_tokens=cfg.max_new_tokens, top_p=cfg.top_p,
-                             temperature=cfg.temperature if temperature is None else temperature)
+
+        def act_all(answers):
             with stage(self.timings, "engine"):
-                for ep, prompt, (c,) in zip(live, prompts, outs):
-                    self._act(ep, prompt + ANSWER_PREFIX, c)
+                for ep, prompt, c in answers:
+                    self._act(ep, prompt, c)
+
+        play_turns(episodes, lambda ep: ep.won, self.policy_prompt, act_all, engine, cfg, temperature, max_turns)
         self._release(episodes)
         groups = []
         for k, task in enumerate(tasks):
             mine = episodes[k * G:(k + 1) * G]
             groups.append(Group(task, [Rollout(task.id, ep.steps, 1 if ep.won else -1, float(ep.won),
                                                info={"judge_prompts": ep.judge_prompts, "invalid": ep.invalid,
+                                                     "room": ep.room,
                                                      "actions": [a or "(invalid)" for a, _ in ep.history]})
                                   for ep in mine]))
         return groups
@@ -279,26 +301,37 @@ class Adapter:
             played = eval_groups(self, sets, policy, rm, cfg)
         finally:
             self.labels = False
-        out = {}
-        for name, mine in played.items():
-            out[f"{name}/success"] = sum(g.acc for g in mine) / len(mine)
-            if rm is not None:
-                m = agent_metrics([ro for g in mine for ro in g.rollouts])
-                out[f"{name}/process_acc"], out[f"{name}/outcome_acc"] = m["process_acc"], m["outcome_acc"]
-        return out
+        return agent_results(played, rm)
 
     # — E: a new object / receptacle for the goal, checked by the planner —
-    def rewrite_prompt(self, root: Task, active: Task, direction: str, feedback: str) -> str:
-        objects, receptacles = games.scene_types(scene_of(root))
+    def summary_prompt(self, group: Group, r: int, risky: list[int]) -> str:
+        """E's prompt to summarize failed rollout r (released code): the task, R's high-risk step indices
+        and the numbered trajectory."""
+        ro = group.rollouts[r]
+        lines = [f"[0] observation: {ro.info['room'][:300]}"]
+        for k, (action, st) in enumerate(zip(ro.info["actions"], ro.steps)):
+            lines += [f"[{k}] action: {action}", f"[{k + 1}] observation: {st.observation[:150]}"]
+        return SUMMARY_PROMPT.format(steps=len(ro.steps), goal=group.task.prompt,
+                                     risky=", ".join(map(str, risky)) or "none", trajectory="\n".join(lines))
+
+    def rewrite_prompt(self, root: Task, active: Task, direction: str, feedback: str, acc: float | None = None) -> str:
+        """E's rewrite prompt (released code's content): the scene's initial state by type, the task, its
+        success rate and E's own failure summaries; the answer is two types in \\boxed{OBJ,REC}."""
+        scene = scene_of(root)
+        objects, receptacles = games.scene_types(scene)
+        counts = Counter(t for t, _ in [*scene["objects"].values(), *scene["receptacles"].values()])
         look = root.data["task_type"] == "look_at_obj_in_light"
         movable = [o for o in objects if o not in games.LAMPS]
         recs = [o for o in objects if o in games.LAMPS] if look else receptacles
         example = f"{movable[0] if movable else 'Apple'},{recs[0] if recs else 'Fridge'}"
         return REWRITE_PROMPT.format(direction=direction, what="object and lamp" if look else "object and receptacle",
                                      type_text=TYPE_TEXT[root.data["task_type"]], goal=active.prompt,
-                                     objects=", ".join(movable), rec_label="Lamps" if look else "Receptacles",
-                                     receptacles=", ".join(recs), feedback=feedback or "(none)",
-                                     rec_upper="LAMP" if look else "RECEPTACLE", example=example)
+                                     acc="unknown" if acc is None else f"{acc:.2f}",
+                                     objects=", ".join(f"{o} × {counts.get(o, 1)}" for o in movable),
+                                     rec_label="Lamps" if look else "Receptacles",
+                                     receptacles=", ".join(f"{r} × {counts.get(r, 1)}" for r in recs),
+                                     feedback=feedback or "(none)", rec_upper="LAMP" if look else "RECEPTACLE",
+                                     example=example)
 
     def parse_rewrite(self, root: Task, text: str) -> Task | None:
         """A valid rewrite names an object and a receptacle (lamp) present in the scene, poses a goal the
@@ -349,12 +382,3 @@ class Adapter:
         found = [v for v in found if (self.difficulty(v) > here if sign > 0 else self.difficulty(v) < here)]
         return min(found, key=lambda v: tuple(sign * x for x in self.difficulty(v)), default=None)
 
-    # — critic feedback for E: failure summaries —
-    def feedback(self, group: Group) -> str:
-        lines = []
-        for k, ro in enumerate(group.rollouts):
-            if ro.outcome < 0:
-                acts = ro.info["actions"]
-                lines.append(f"rollout {k}: not done in {len(acts)} steps ({ro.info['invalid']} invalid answers); "
-                             f"last actions: {'; '.join(acts[-3:])}")
-        return "\n".join(lines[:4]) or f"all {len(group.rollouts)} rollouts succeeded"

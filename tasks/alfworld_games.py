@@ -1,4 +1,4 @@
-"""ALFWorld games without the download (paper §4.1, the LLM-agent setting; TASKS.md "alfworld").
+"""ALFWorld games without the download (paper §4.1, the LLM-agent setting; docs/METHOD.md, "The settings").
 
 ALFWorld's official games come from ALFRED trajectories recorded in AI2-THOR. Offline we
 build games of the same form from what the `alfworld` wheel itself ships:

@@ -20,6 +20,7 @@ Every program is model-written and runs in tasks/sandbox.py.
 from __future__ import annotations
 
 import base64
+import io
 import json
 import pickle
 import random
@@ -29,11 +30,26 @@ from pathlib import Path
 
 from llm import prefilled, render_chat
 from reward_model import FUNCTIONAL_TEST_WRITER_PROMPT, TEST_WRITER_PROMPT, parse_test
-from tasks import Group, Rollout, Step, Task, TaskError, eval_groups, stage
+from tasks import Group, Rollout, Step, Task, TaskError, accuracy, eval_groups, stage
 from tasks.sandbox import RunResult, outputs_match, run_many
 
+# The setting's defaults on a 2-core CPU; each is a flag. The accuracy filter and the zero handling
+# are the released code's coding values; --help shows every released value that differs.
+DEFAULTS = {"acc_lower": 0.2, "acc_upper": 0.8, "drop_zero_adv": False}
+# The released code's coding configuration (configs/coding_rl.yaml and the rollout scripts), for
+# --preset reference: 64 tasks × 32 programs, 16 generated tests, 2/2 optimizer steps, LR 1e-6.
+REFERENCE = {
+    "tasks_per_iter": 64, "group_size": 32, "m": 16, "max_new_tokens": 2048, "temperature": 1.0, "top_p": 0.95,
+    "rm_temperature": 0.8, "rm_top_p": 0.95, "rm_max_new_tokens": 2048, "env_mode": "generate", "env_retries": 3,
+    "env_temperature": 0.8, "env_top_p": 0.95, "env_max_new_tokens": 8096, "lr": 1e-6, "rm_lr": 1e-6,
+    "policy_steps": 2, "rm_steps": 2, "acc_lower": 0.2, "acc_upper": 0.8, "drop_zero_adv": False,
+    "coding_reward": "reference", "fresh_optimizer": True, "log_ratio_clamp": 10.0, "iterations": 300,
+    "eval_every": 10, "eval_samples": 3, "eval_temperature": 0.0,
+}
 BUILTIN = Path(__file__).parent / "data" / "livebench_builtin.jsonl"
 MIN_GENERATED_TESTS = 4
+PROMPT_TEST_CHARS = 100  # E's prompt shows tests whose input and output are at most this long (released code: 100)
+MAX_PRIVATE_BYTES = 64 << 20  # a question's decompressed private tests (a zlib bomb stops here)
 
 POLICY_PROMPT = """Write a Python 3 program that solves the problem below. Read the input from standard input and \
 print the answer to standard output. Print nothing else: no prompt text in input(), no labels. Reply with the \
@@ -46,15 +62,19 @@ code (including the given signature) in one ```python code block.
 
 {problem}"""
 
-REWRITE_PROMPT = """You design programming problems. Make the problem below {direction} to solve, keeping its topic.
-{hint}
+REWRITE_PROMPT = """You design programming problems. Make the current version of the problem below {direction} to \
+solve. {hint}
+Stay close to the ORIGINAL problem: same topic and the same kind of input and output.
+
 Original problem:
 {root}
+
+Its tests:
+{root_tests}
 
 Current version:
 {active}
 
-What the critics saw when models tried the current version:
 {feedback}
 
 Reply with one JSON object in a ```json block with the keys "problem" (the full statement with the exact
@@ -88,19 +108,37 @@ def builtin_task(row: dict) -> Task:
                       "root": row["root"]})
 
 
+class _PlainUnpickler(pickle.Unpickler):
+    """Unpickles plain data only (str, bytes, numbers, lists, dicts, tuples): any global, and so any
+    callable a crafted pickle would run at load time, is refused."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"refused: the pickle names a global ({module}.{name})")
+
+
 def _decode_private(blob: str) -> list[dict]:
-    """LiveBench/LiveCodeBench private tests: base64(zlib(pickle(json string)))."""
+    """LiveBench/LiveCodeBench private tests: base64(zlib(pickle(json string))). The data file is
+    hostile input: the pickle is read by an unpickler that allows no globals."""
     if not blob:
         return []
     try:
         return json.loads(blob)
     except json.JSONDecodeError:
-        return json.loads(pickle.loads(zlib.decompress(base64.b64decode(blob))))
+        inflate = zlib.decompressobj()
+        raw = inflate.decompress(base64.b64decode(blob, validate=True), MAX_PRIVATE_BYTES)
+        if inflate.unconsumed_tail:
+            raise ValueError(f"private_test_cases: more than {MAX_PRIVATE_BYTES >> 20} MiB decompressed")
+        text = _PlainUnpickler(io.BytesIO(raw)).load()
+        if not isinstance(text, str):
+            raise ValueError("private_test_cases: the pickle holds no JSON string")
+        return json.loads(text)
 
 
 def livebench_task(q: dict) -> Task:
     """One question of LiveBench's `coding` category → Task. Stdin tests, or functional tests
     (one JSON argument per input line, JSON return value) calling Solution().<func_name>."""
+    if not isinstance(q, dict):
+        raise ValueError(f"a question is a JSON object, not {type(q).__name__}")
     original = q.get("original_json") or {}
     if isinstance(original, str):
         original = json.loads(original)
@@ -112,12 +150,17 @@ def livebench_task(q: dict) -> Task:
     tests = (json.loads(public) if isinstance(public, str) else public) + _decode_private(private)
     if not tests:
         raise ValueError("no test cases")
+    if not all(isinstance(t, dict) and isinstance(t.get("input"), str) and isinstance(t.get("output"), str)
+               for t in tests):
+        raise ValueError("every test case needs a string 'input' and 'output'")
     functional = tests[0].get("testtype") == "functional"
     data = {"format": "functional" if functional else "stdin", "split": "livebench",
             "tests": [{"input": t["input"], "output": t["output"]} for t in tests]}
     if functional:
-        data["call"] = meta["func_name"]
+        data["call"] = str(meta["func_name"])
     prompt = q["turns"][0] if q.get("turns") else q["question_content"]
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError("the question has no text")
     return Task(id=str(q["question_id"]), prompt=prompt, data=data, origin="original")
 
 
@@ -141,8 +184,11 @@ def load_livebench(source: str) -> list[Task]:
     for n, q in enumerate(rows, 1):
         try:
             tasks.append(livebench_task(q))
-        except (KeyError, ValueError, TypeError, zlib.error, pickle.UnpicklingError) as e:
-            raise TaskError(f"--data {source}, question {n}: not a LiveBench coding question ({e!r})") from None
+        except Exception as e:  # noqa: BLE001 (a hostile file can fail anywhere; the user gets one line)
+            raise TaskError(f"--data {source}, question {n}: not a LiveBench coding question "
+                            f"({type(e).__name__}: {str(e)[:200]})") from None
+    if not tasks:
+        raise TaskError(f"--data {source}: no questions in the file")
     return tasks
 
 
@@ -282,7 +328,9 @@ class Adapter:
         template = POLICY_PROMPT if task.data["format"] == "stdin" else FUNCTIONAL_POLICY_PROMPT
         return render_chat(tokenizer, template.format(problem=task.prompt))
 
-    def rollout(self, tasks: list[Task], G: int, engine, cfg, temperature: float | None = None) -> list[Group]:
+    def rollout(self, tasks: list[Task], G: int, engine, cfg, temperature: float | None = None,
+                max_turns: int | None = None) -> list[Group]:
+        """G programs per task (one step each: max_turns does not apply)."""
         prompts = [self.policy_prompt(t, engine.tokenizer) for t in tasks]
         outs = prefilled(engine, prompts, CODE_PREFIX, n=G, max_new_tokens=cfg.max_new_tokens, top_p=cfg.top_p,
                          temperature=cfg.temperature if temperature is None else temperature, desc="P writes programs")
@@ -305,7 +353,7 @@ class Adapter:
         prompts = [render_chat(engine.tokenizer, (TEST_WRITER_PROMPT if g.task.data["format"] == "stdin"
                                                   else FUNCTIONAL_TEST_WRITER_PROMPT).format(problem=g.task.prompt))
                    for g in groups]
-        outs = prefilled(engine, prompts, TEST_PREFIX, n=cfg.m, temperature=cfg.rm_temperature, top_p=1.0,
+        outs = prefilled(engine, prompts, TEST_PREFIX, n=cfg.m, temperature=cfg.rm_temperature, top_p=cfg.rm_top_p,
                          max_new_tokens=cfg.rm_max_new_tokens, desc="R writes tests")
         for g, tests in zip(groups, outs):
             g.tests = tests
@@ -323,7 +371,7 @@ class Adapter:
         generate call for P and one for R (bigger batches are faster)."""
         out = {}
         for name, mine in eval_groups(self, sets, policy, rm, cfg).items():
-            out[f"{name}/code"] = sum(g.acc for g in mine) / len(mine)
+            out[f"{name}/code"], out[f"{name}/code_se"] = accuracy(mine)
             if rm is None:
                 continue
             gt_pass, passes, ok = [], [], []
@@ -345,11 +393,14 @@ class Adapter:
         return self.ladders.get(task.ladder, {}).get(task.level + (1 if direction == "harder" else -1))
 
     # — E: generate mode —
-    def rewrite_prompt(self, root: Task, active: Task, direction: str, feedback: str) -> str:
+    def rewrite_prompt(self, root: Task, active: Task, direction: str, feedback: str, acc: float | None = None) -> str:
+        """E's rewrite prompt: the root problem and its tests (the anchor), the current version, and the
+        critic feedback. Like the released code's, it does not show the accuracy."""
         hint = ("Add a twist, a constraint or an edge case." if direction == "harder"
                 else "Simplify it: fewer steps, smaller inputs, no tricky cases.")
         return REWRITE_PROMPT.format(direction=direction, hint=hint, root=root.prompt,
-                                     active=active.prompt, feedback=feedback or "(none)")
+                                     root_tests=_tests_text(root.data["tests"]), active=active.prompt,
+                                     feedback=feedback or "(no feedback)")
 
     def parse_rewrite(self, root: Task, text: str) -> Task | None:
         """A valid rewrite: JSON with a problem, ≥4 tests and a solution that passes them all in the sandbox."""
@@ -369,12 +420,30 @@ class Adapter:
 
     # — critic feedback for E —
     def feedback(self, group: Group) -> str:
+        """The policy's pass rate on each GT test of the current version, and on each of R's generated
+        tests (which may be wrong), each shown with its input and expected output (released code)."""
         n = len(group.rollouts)
         gt = [ro.info["gt"] for ro in group.rollouts]
-        lines = [f"GT test {k + 1}: {sum(r[k] for r in gt)}/{n} programs pass" for k in range(len(gt[0]))]
-        lines += [f"generated test {k + 1}: {sum(r[k] for r in group.test_passes)}/{n} programs pass"
-                  for k in range(len(group.test_passes[0]) if group.test_passes else 0)]
-        failed = [ro for ro in group.rollouts if ro.outcome < 0]
-        if failed:
-            lines.append("A failed program:\n" + failed[0].info["program"][:400])
-        return "\n".join(lines)
+        tests = group.task.data["tests"] if group.task.data["format"] != "humaneval" else []
+        shown = [(t, sum(r[k] for r in gt) / n) for k, t in enumerate(tests)]
+        parsed = [parse_test(c.text) for c in group.tests]
+        generated = [({"input": p[0], "output": p[1]}, sum(r[k] for r in group.test_passes) / n)
+                     for k, p in enumerate(parsed) if p is not None]
+        parts = [f"Pass rate of the current programs on each test of the current version:\n{_tests_text(shown)}"]
+        if generated:
+            parts.append("Tests written by the reward model (they may be wrong), with the pass rate of the "
+                         f"programs:\n{_tests_text(generated)}")
+        return "\n\n".join(parts)
+
+
+def _tests_text(tests: list) -> str:
+    """Tests as JSON lines for E's prompts: {"input", "output"} dicts, or (dict, pass rate) pairs. A test
+    longer than PROMPT_TEST_CHARS in input or output is left out."""
+    lines = []
+    for t in tests:
+        test, rate = t if isinstance(t, tuple) else (t, None)
+        if max(len(test["input"]), len(test["output"])) > PROMPT_TEST_CHARS:
+            continue
+        row = {"input": test["input"], "output": test["output"]} | ({} if rate is None else {"pass_rate": round(rate, 2)})
+        lines.append(json.dumps(row))
+    return "\n".join(lines) or "(all too long to show)"

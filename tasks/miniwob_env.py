@@ -1,4 +1,4 @@
-"""The offline GUI backend of the OSWorld setting (paper §4.1, "OSWorld"; TASKS.md, `miniwob`):
+"""The offline GUI backend of the OSWorld setting (paper §4.1, "OSWorld"; docs/METHOD.md, "The settings"):
 MiniWoB++ pages (the `miniwob` package bundles them) in real headless Chromium (Debian `chromium` +
 `chromium-driver`), one browser per parallel episode, reused across episodes and tasks.
 

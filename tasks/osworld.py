@@ -22,29 +22,41 @@ Two backends behind one action vocabulary (`--backend`):
   screenshot is recorded too, for a vision-language policy. Deviation: llm.py's engines take text
   only, so no policy here reads the screenshot yet; the paper's policy is Qwen3-VL-8B.
 - R sees the previous actions, the screen before and after the step, and P's response.
-- E, variants mode (the reference's OSWorld mechanism): one position on a ladder is (page, hint):
-  easier = add the page's hint, or go to the previous page; harder = remove the hint, or go to the
-  next page. Generate mode: E writes a hint from the critic feedback (easier), or picks a harder page
-  of the ladder (harder); Eq. 4 decides whether it stays.
+- E, generate mode (the released code's mechanism): an LLM sees the current task as {template: hint},
+  the templates of its family (MiniWoB: the pages of its ladder; released: the task's evaluator
+  templates) and the critic feedback, and answers one {template: hint} in JSON: it may switch template
+  and add or remove hints. Eq. 4 decides whether the rewrite stays.
+- E, variants mode (the CPU default here; this project's pre-verified stand-in, in neither the paper
+  nor the released code): one position on a ladder is (page, hint): easier = add the page's hint, or
+  go to the previous page; harder = remove the hint, or go to the next page. No LLM call.
 """
 from __future__ import annotations
 
 import ast
+import json
 import random
-import re
 import threading
 from dataclasses import dataclass, field
 
-from llm import prefilled, render_chat
-from reward_model import agent_metrics
-from tasks import Group, Rollout, Step, Task, TaskError, eval_groups, eval_subsets, judge_steps, stage
+from llm import render_chat
+from tasks import (Group, Rollout, Step, Task, TaskError, agent_results, eval_groups, eval_subsets,
+                   judge_steps, play_turns, stage)
 
-DEFAULTS = {  # CPU defaults (each one a flag); paper (GPU): 12 tasks × G 8, 30 turns, m 3, Qwen3-VL-8B
+DEFAULTS = {  # CPU defaults (each one a flag); --help shows the released value next to each
     "tasks_per_iter": 4, "group_size": 8, "max_turns": 6, "max_new_tokens": 16, "m": 3, "rm_max_new_tokens": 48,
-    "temperature": 1.0, "top_p": 0.9, "rm_temperature": 0.8, "env_mode": "variants", "env_retries": 8,
-    "env_max_new_tokens": 48, "eval_every": 0, "max_train_samples": 32,
+    "temperature": 1.0, "top_p": 0.9, "rm_temperature": 0.8, "rm_top_p": 1.0, "env_mode": "variants",
+    "env_retries": 8, "env_max_new_tokens": 48, "policy_steps": 4, "rm_steps": 2, "acc_lower": 0.0,
+    "acc_upper": 1.0, "drop_zero_adv": True, "eval_every": 0, "max_train_samples": 32,
 }  # browsers (--browsers 16): ~240 MiB each; 32 of them + the trainer ran a 24 GiB machine out of memory
-ANSWER_PREFIX = "\\boxed{"
+# The released code's OSWorld configuration (configs/osworld_rl.yaml and its rollout scripts).
+REFERENCE = {
+    "tasks_per_iter": 12, "group_size": 8, "max_turns": 30, "max_new_tokens": 4096, "temperature": 1.0,
+    "top_p": 0.9, "m": 3, "rm_temperature": 0.8, "rm_top_p": 1.0, "rm_max_new_tokens": 8096, "env_mode": "generate",
+    "env_retries": 3, "env_temperature": 0.8, "env_top_p": 0.95, "env_max_new_tokens": 8096, "lr": 1e-6,
+    "rm_lr": 1e-6, "policy_steps": 4, "rm_steps": 2, "acc_lower": 0.0, "acc_upper": 1.0, "drop_zero_adv": True,
+    "fresh_optimizer": True, "log_ratio_clamp": 10.0, "iterations": 400, "eval_every": 20, "eval_samples": 3,
+    "eval_temperature": 0.0, "eval_max_turns": 30, "max_train_samples": 0,
+}
 EXAMPLE_ACTION = True        # see the module docstring
 HISTORY = 3
 SCREEN_CHARS = 1500          # the element list is cut here (OSWorld's trees can be long)
@@ -96,29 +108,19 @@ Screen after the step:
 
 Was this a good step towards the task? Explain in one sentence, then answer \\boxed{{1}} (good) or \\boxed{{-1}} (bad)."""
 
-REWRITE_PROMPT = """You design tasks for a computer-use agent. The agent failed this task too often, so make it \
-easier by writing one short hint that tells the agent how to succeed.
+REWRITE_PROMPT = """You design tasks for a computer-use agent. The agent's success on the current task says it \
+should be {direction}: choose one task template of the same family, and write a hint to show the agent with \
+its instruction. To make it easier, pick an easier template or add a helpful hint; to make it harder, pick a \
+harder template or remove hints. Keep the hint short, and do not invent templates.
 
-Task: {task}
-Current hint: {hint}
-Actions the agent can use: click(id), type(id, "text"), key("enter"), scroll("down"), done().
+Current task: {current}
+Task templates of this family (name: a hint that would help): {templates}
 
-What the critics saw when the agent tried the task:
+What the critics saw when the agent tried the current task:
 {feedback}
 
-Answer with the hint in \\boxed{{}}."""
-
-HARDER_PROMPT = """You design tasks for a computer-use agent. The agent solves this task too easily, so choose a \
-harder task of the same family.
-
-Task: {task}
-Harder tasks to choose from: {options}
-
-What the critics saw when the agent tried the task:
-{feedback}
-
-Answer with the name of your choice in \\boxed{{}}."""
-
+Answer with JSON only, exactly one key, the template's name, and the hint as its value ("" for no hint), \
+for example {example}"""
 
 # ───────────────────────────── the action vocabulary ─────────────────────────────
 
@@ -220,7 +222,7 @@ class Adapter:
     """OSWorld adapter: multi-turn GUI episodes on a real browser (or OSWorld VM); R judges each step."""
 
     judge_kind = "steps"
-    rewrite_prefix = ANSWER_PREFIX
+    rewrite_prefix = '{"'   # E's JSON answer is prefilled with its opening: a 135M E otherwise writes prose
 
     def __init__(self, cfg):
         self.cfg, self.timings = cfg, {}
@@ -292,13 +294,14 @@ class Adapter:
                                                            example=example))
 
     # — P plays: every live episode in one generate call per turn; the backends step concurrently —
-    def rollout(self, tasks: list[Task], G: int, engine, cfg, temperature: float | None = None) -> list[Group]:
+    def rollout(self, tasks: list[Task], G: int, engine, cfg, temperature: float | None = None,
+                max_turns: int | None = None) -> list[Group]:
         """G episodes per task, played in waves of at most cfg.browsers (one browser or VM each)."""
         for key in ("sys/env_steps", "sys/env_restarts"):
             self.timings.setdefault(key, 0)
         episodes = [Episode(t, None, rng=random.Random(f"{t.id}/{k}")) for t in tasks for k in range(G)]
         for w in range(0, len(episodes), cfg.browsers):
-            self._play(episodes[w:w + cfg.browsers], engine, cfg, temperature)
+            self._play(episodes[w:w + cfg.browsers], engine, cfg, temperature, max_turns or cfg.max_turns)
         groups = []
         for k, task in enumerate(tasks):
             groups.append(Group(task, [Rollout(task.id, ep.steps, 1 if ep.score > 0 else -1, ep.score,
@@ -308,23 +311,19 @@ class Adapter:
                                        for ep in episodes[k * G:(k + 1) * G]]))
         return groups
 
-    def _play(self, episodes: list[Episode], engine, cfg, temperature: float | None) -> None:
+    def _play(self, episodes: list[Episode], engine, cfg, temperature: float | None, max_turns: int) -> None:
         handles = self.backend.acquire(len(episodes))
         for ep, h in zip(episodes, handles):
             ep.env = h
         try:
             with stage(self.timings, "gui"):
                 self.backend.map(self._start, episodes)
-            for _ in range(cfg.max_turns):
-                live = [ep for ep in episodes if not ep.done and len(ep.steps) < cfg.max_turns]
-                if not live:
-                    break
-                prompts = [self.policy_prompt(ep, engine.tokenizer) for ep in live]
-                outs = prefilled(engine, prompts, ANSWER_PREFIX, n=1, max_new_tokens=cfg.max_new_tokens,
-                                 top_p=cfg.top_p, temperature=cfg.temperature if temperature is None else temperature)
+
+            def act_all(answers):
                 with stage(self.timings, "gui"):
-                    self.backend.map(lambda a: self._act(*a),
-                                     [(ep, p + ANSWER_PREFIX, c) for ep, p, (c,) in zip(live, prompts, outs)])
+                    self.backend.map(lambda a: self._act(*a), answers)
+
+            play_turns(episodes, lambda ep: ep.done, self.policy_prompt, act_all, engine, cfg, temperature, max_turns)
             with stage(self.timings, "gui"):   # the backend's verdict for episodes cut by the step limit
                 self.backend.map(self._finish, [ep for ep in episodes if ep.score is None])
         finally:
@@ -343,12 +342,7 @@ class Adapter:
 
     # — evaluation: success in-domain and OOD, and R's Outcome Acc —
     def evaluate(self, sets: dict[str, list[Task]], policy, rm, cfg) -> dict:
-        out = {}
-        for name, mine in eval_groups(self, sets, policy, rm, cfg).items():
-            out[f"{name}/success"] = sum(g.acc for g in mine) / len(mine)
-            if rm is not None:  # no step labels here: OSWorld has no planner, so no Process Acc
-                out[f"{name}/outcome_acc"] = agent_metrics([ro for g in mine for ro in g.rollouts])["outcome_acc"]
-        return out
+        return agent_results(eval_groups(self, sets, policy, rm, cfg), rm, process=False)  # no labels: no Process Acc
 
     # — E, variants mode: one position along the ladder —
     def variant(self, task: Task, direction: str) -> Task | None:
@@ -361,32 +355,46 @@ class Adapter:
         new.origin = "variant"
         return new
 
-    # — E, generate mode: a hint (easier) or a harder page of the ladder (harder) —
-    def rewrite_prompt(self, root: Task, active: Task, direction: str, feedback: str) -> str:
-        if direction == "easier":
-            return REWRITE_PROMPT.format(task=active.prompt, hint=active.data.get("hint") or "(none)",
-                                         feedback=feedback or "(none)")
-        return HARDER_PROMPT.format(task=active.prompt, options=", ".join(self._harder(active)) or "(none)",
-                                    feedback=feedback or "(none)")
+    # — E, generate mode (released code): choose a template of the task's family, add or remove hints —
+    def templates(self, task: Task) -> dict[str, str]:
+        """The task's family, as E sees it: template name → a hint that helps. MiniWoB: the pages of its
+        ladder; a task on no ladder (real OSWorld) is its own single template."""
+        if task.ladder in LADDERS:
+            return dict(LADDERS[task.ladder])
+        return {task.data.get("page") or task.id: task.data.get("hint", "")}
 
-    def _harder(self, task: Task) -> list[str]:
-        pages = [p for p, _ in LADDERS.get(task.ladder, [])]
-        return pages[pages.index(task.data["page"]) + 1:] if task.data.get("page") in pages else []
+    def rewrite_prompt(self, root: Task, active: Task, direction: str, feedback: str, acc: float | None = None) -> str:
+        """E's prompt: the current task as {template: hint}, the family's templates and the critic feedback.
+        Like the released code's, it does not show the accuracy."""
+        key = active.data.get("page") or active.id
+        example = json.dumps({key: active.data.get("hint") or "Click the button named in the task."})
+        return REWRITE_PROMPT.format(direction=direction, current=json.dumps({key: active.data.get("hint", "")}),
+                                     templates=json.dumps(self.templates(root)), feedback=feedback or "(none)",
+                                     example=example)
 
     def parse_rewrite(self, root: Task, text: str) -> Task | None:
-        """Easier: a hint of 8-300 characters. Harder: a page of the root's ladder above the root's (E was
-        shown those above the active version; parse_rewrite sees only the root). The rewrite keeps the
-        root's seed (MiniWoB) or task file (OSWorld)."""
-        m = re.findall(r"\\boxed\{([^{}]*)\}", text)
-        answer = " ".join(m[-1].split()) if m else ""
-        if answer in self._harder(root):
-            task = ladder_task(root.ladder, [p for p, _ in LADDERS[root.ladder]].index(answer), root.data["seed"])
-            task.origin = "generated"
-            return task
-        if 8 <= len(answer) <= 300 and answer not in {p for r in LADDERS.values() for p, _ in r}:
-            return Task(id=f"{root.id}+hint", prompt=root.prompt, data={**root.data, "hint": answer},
-                        ladder=root.ladder, level=root.level, origin="generated")
-        return None
+        """A valid rewrite is a JSON object with exactly one key, a template of the root's family, whose
+        value is a hint of at most 300 characters. The rewrite keeps the root's seed (MiniWoB) or task
+        file (OSWorld)."""
+        start = text.rfind('{"')
+        try:
+            obj = json.loads(text[start:text.rfind("}") + 1]) if start >= 0 else None
+        except json.JSONDecodeError:
+            return None
+        if not (isinstance(obj, dict) and len(obj) == 1):
+            return None
+        (name, hint), = obj.items()
+        families = self.templates(root)
+        if name not in families or not isinstance(hint, str) or len(hint) > 300:
+            return None
+        hint = " ".join(hint.split())
+        if root.ladder in LADDERS:
+            task = ladder_task(root.ladder, list(families).index(name), root.data["seed"], hint=bool(hint))
+            task.data["hint"] = hint
+        else:
+            task = Task(id=f"{root.id}+hint", prompt=root.prompt, data={**root.data, "hint": hint}, origin="generated")
+        task.origin = "generated"
+        return task
 
     # — critic feedback for E: failure summaries —
     def feedback(self, group: Group) -> str:

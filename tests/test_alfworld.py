@@ -96,7 +96,7 @@ class ScriptedEngine:
 
 def test_rollout_batches_turns_and_unparseable_episodes_run_to_the_step_limit(adapter):
     cfg = SimpleNamespace(max_turns=4, max_new_tokens=4, top_p=1.0, temperature=1.0, m=2, rm_temperature=1.0,
-                          rm_max_new_tokens=4)
+                          rm_top_p=1.0, rm_max_new_tokens=4)
     adapter.labels = False  # as in training: no planner, no labels
     try:
         groups = adapter.rollout(adapter.splits["train"][:2], 2, ScriptedEngine("no number here"), cfg)
@@ -139,8 +139,21 @@ def test_rewrite_with_a_type_absent_from_the_scene_is_rejected(adapter):
     assert adapter.parse_rewrite(root, f"\\boxed{{{absent},{receptacles[0]}}}") is None
     assert adapter.parse_rewrite(root, f"\\boxed{{{objects[0]},Spaceship}}") is None
     assert adapter.parse_rewrite(root, "no box at all") is None
-    prompt = adapter.rewrite_prompt(root, root, "easier", "rollout 0: not done")
+    prompt = adapter.rewrite_prompt(root, root, "easier", "- Rollout 0: it never found the apple.", 0.125)
     assert root.prompt in prompt and receptacles[0] in prompt
+    assert "success rate on the current task: 0.12" in prompt and "never found the apple" in prompt
+    assert f"{objects[0]} × " in prompt                     # the initial state, by type and count
+
+
+def test_e_summary_prompt_has_trajectory_and_high_risk_steps(adapter):
+    """Released code: E summarizes each failed rollout from its numbered trajectory and the indices
+    of the steps R judged −1 in every sample."""
+    cfg = SimpleNamespace(max_turns=3, max_new_tokens=4, top_p=1.0, temperature=1.0)
+    [g] = adapter.rollout(adapter.splits["train"][:1], 1, ScriptedEngine("1}"), cfg)
+    prompt = adapter.summary_prompt(g, 0, [0, 2])
+    ro = g.rollouts[0]
+    assert "within 3 steps" in prompt and "judged bad every time: 0, 2" in prompt and g.task.prompt in prompt
+    assert f"[0] action: {ro.info['actions'][0]}" in prompt and f"[3] observation: {ro.steps[2].observation[:40]}" in prompt
 
 
 def test_valid_rewrite_is_planner_checked_and_playable(adapter):

@@ -35,23 +35,38 @@ def test_harder_rewrite_proposed_then_accepted():
     slot = slots["lad-1"]
     assert slot.pending.id == "lad-2" and slot.pending_direction == "harder" and slot.pending_from_acc == 1.0
     picked = env.pick_tasks(slots, 8, random.Random(0))
-    assert [t.id for _, t in picked] == ["lad-1", "lad-2"]          # active + the pending rewrite
-    train, stats = env.update(slots, picked, [group(task(1), 4), group(task(2), 2)], LadderAdapter(), "variants")
-    assert stats["accepted"] == 1 and len(train) == 2                # accepted: its rollouts join training
+    assert [t.id for _, t in picked] == ["lad-2"]                   # the pending rewrite only, not also the active
+    train, stats = env.update(slots, picked, [group(task(2), 2)], LadderAdapter(), "variants")
+    assert stats["accepted"] == 1 and len(train) == 1                # accepted: its rollouts join training
     assert slot.active.id == "lad-2" and slot.history == ["lad-2"] and slot.pending is None
-    assert slot.acc == 0.5                                           # balanced now: nothing new proposed
-    assert stats["proposed"] == 0
+    assert slot.acc == 0.5 and stats["proposed"] == 0
+
+
+def test_pending_slot_is_not_also_active_and_gets_no_proposal_when_decided():
+    """Released code (sample/alfworld_rl_rollout.py, candidate_slots / pend_slots): a slot with a pending
+    rewrite is not sampled as an active task, and the iteration that decides it proposes nothing new
+    for it, even when the decided version sits outside [α_low, α_high]."""
+    slots = env.make_slots([task(1), Task("other", "p", {}, origin="original")])
+    env.update(slots, [("lad-1", task(1))], [group(task(1), 4)], LadderAdapter(), "variants")
+    for seed in range(20):                                           # any draw: lad-1 only as its pending rewrite
+        picked = env.pick_tasks(slots, 2, random.Random(seed))
+        assert [(sid, t.id) for sid, t in picked if sid == "lad-1"] == [("lad-1", "lad-2")]
+    # the harder rewrite is solved every time (a′ = 1 is not < a = 1): rejected, and no new proposal now
+    train, stats = env.update(slots, [("lad-1", task(2))], [group(task(2), 4)], LadderAdapter(), "variants")
+    assert (stats["rejected"], stats["proposed"], train) == (1, 0, [])
+    assert slots["lad-1"].pending is None and slots["lad-1"].active.id == "lad-1"
+    # the next iteration rolls out the active version again, and proposes from it
+    _, stats = env.update(slots, [("lad-1", task(1))], [group(task(1), 4)], LadderAdapter(), "variants")
+    assert stats["proposed"] == 1 and slots["lad-1"].pending.id == "lad-2"
 
 
 def test_rejected_rewrite_is_discarded_and_not_trained_on():
     slots = env.make_slots([task(1)])
     env.update(slots, [("lad-1", task(1))], [group(task(1), 0)], LadderAdapter(), "variants")
     assert slots["lad-1"].pending.id == "lad-0"
-    picked = [("lad-1", task(1)), ("lad-1", task(0))]
-    train, stats = env.update(slots, picked, [group(task(1), 0), group(task(0), 0)], LadderAdapter(), "variants")
-    assert stats["rejected"] == 1 and [g.task.id for g in train] == ["lad-1"]
-    assert slots["lad-1"].active.id == "lad-1"
-    assert slots["lad-1"].pending.id == "lad-0"    # still at acc 0: proposed again
+    train, stats = env.update(slots, [("lad-1", task(0))], [group(task(0), 0)], LadderAdapter(), "variants")
+    assert stats["rejected"] == 1 and train == []
+    assert slots["lad-1"].active.id == "lad-1" and slots["lad-1"].pending is None
 
 
 def test_top_of_ladder_has_no_proposal():
@@ -60,9 +75,30 @@ def test_top_of_ladder_has_no_proposal():
     assert stats["proposed"] == 0 and stats["failed"] == 1 and slots["lad-3"].pending is None
 
 
-def test_critic_feedback_has_high_risk_steps():
-    text = env.critic_feedback(group(task(1), 1), LadderAdapter())
-    assert text.startswith("acc 0.25") and "judged bad in every sample" in text
+def test_high_risk_steps_come_from_failed_rollouts_only():
+    g = group(task(1), 1)                                            # rollout 0 won, 1-3 failed; all steps −1, −1
+    assert env.high_risk_steps(g) == [(1, [0]), (2, [0]), (3, [0])]
+    [text] = env.critic_feedback([g], LadderAdapter())
+    assert text.startswith("acc 0.25") and "judged bad in every sample" in text and "rollout 0" not in text
+    assert env.high_risk_steps(group(task(1), 4)) == []              # no failed rollout: no high-risk step
+
+
+class SummaryAdapter(LadderAdapter):
+    """An adapter whose E summarizes failed rollouts first (as ALFWorld's does)."""
+
+    def summary_prompt(self, g, r, risky):
+        return f"summarize rollout {r}, risky {risky}"
+
+
+def test_e_summarizes_each_failed_rollout_with_its_high_risk_steps():
+    from tests.test_livebench import ScriptedEngine
+    e = ScriptedEngine(["It looped. It never opened the fridge. Third sentence.}", "}", "Wrong room"])  # after "\\boxed{"
+    g = group(task(1), 1)
+    [text] = env.critic_feedback([g], SummaryAdapter(), e)
+    assert e.calls == 1                                              # one batched call for all summaries
+    assert text.splitlines() == ["- Rollout 1: It looped. It never opened the fridge.",
+                                 "- Rollout 2: (no summary)", "- Rollout 3: Wrong room"]
+    assert e.prompts == [f"summarize rollout {r}, risky [0]\\boxed{{" for r in (1, 2, 3)]
 
 
 def test_slots_json_round_trip():

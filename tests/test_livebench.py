@@ -1,5 +1,10 @@
 """The coding adapter: built-in data, LiveBench's question format, HumanEval, the scorer, E's rewrites."""
+import base64
 import json
+import os
+import pickle
+import re
+import zlib
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,7 +21,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def cfg(**kw):
-    base = dict(data="", humaneval_limit=0, seed=0, sandbox_timeout=5.0, m=2, rm_temperature=0.8,
+    base = dict(data="", humaneval_limit=0, seed=0, sandbox_timeout=5.0, m=2, rm_temperature=0.8, rm_top_p=1.0,
                 rm_max_new_tokens=16, temperature=1.0, top_p=1.0, max_new_tokens=16)
     return SimpleNamespace(**{**base, **kw})
 
@@ -72,6 +77,55 @@ def test_livebench_malformed_file_is_a_task_error(tmp_path):
         load_livebench(str(tmp_path / "q.jsonl"))
     with pytest.raises(TaskError, match="no such file"):
         load_livebench(str(tmp_path / "missing.jsonl"))
+
+
+def _private_blob(obj) -> str:
+    return base64.b64encode(zlib.compress(pickle.dumps(obj))).decode()
+
+
+class _Pwn:
+    """A pickle whose loading would run a shell command (the classic __reduce__ payload)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_crafted_pickle_is_refused(tmp_path):
+    marker = tmp_path / "pwned"
+    question = {"question_id": "q1", "turns": ["print the input"], "public_test_cases": "[]",
+                "private_test_cases": _private_blob(_Pwn(marker))}
+    (tmp_path / "q.jsonl").write_text(json.dumps(question) + "\n")
+    with pytest.raises(TaskError, match=r"question 1: .*refused: the pickle names a global \(posix.system\)"):
+        load_livebench(str(tmp_path / "q.jsonl"))
+    assert not marker.exists()
+    # the genuine encoding (a pickled JSON string) still loads
+    tests = json.dumps([{"input": "1\n", "output": "1\n", "testtype": "stdin"}])
+    (tmp_path / "ok.jsonl").write_text(json.dumps({**question, "private_test_cases": _private_blob(tests)}) + "\n")
+    assert load_livebench(str(tmp_path / "ok.jsonl"))[0].data["tests"] == [{"input": "1\n", "output": "1\n"}]
+
+
+@pytest.mark.parametrize("line, needle", [
+    ("null", "a question is a JSON object, not NoneType"),
+    ("[1, 2, 3]", "a question is a JSON object, not list"),
+    (json.dumps({"question_id": "x", "turns": ["t"], "public_test_cases": ["a test"]}), "string 'input' and 'output'"),
+    (json.dumps({"question_id": "x", "turns": ["t"], "public_test_cases": [{"input": 1, "output": "2"}]}),
+     "string 'input' and 'output'"),
+    (json.dumps({"question_id": "x", "turns": ["t"], "private_test_cases": "!!not base64!!"}), "question 1"),
+])
+def test_bad_data_lines_are_one_line_errors(tmp_path, line, needle):
+    (tmp_path / "q.jsonl").write_text(line + "\n")
+    with pytest.raises(TaskError, match=re.escape(needle)) as e:
+        load_livebench(str(tmp_path / "q.jsonl"))
+    assert "\n" not in str(e.value)
+
+
+def test_empty_data_file_is_an_error(tmp_path):
+    (tmp_path / "q.jsonl").write_text("\n\n")
+    with pytest.raises(TaskError, match="no questions"):
+        load_livebench(str(tmp_path / "q.jsonl"))
 
 
 def test_humaneval_canonical_passes_wrong_fails():
@@ -130,6 +184,7 @@ class ScriptedEngine:
 
     def __init__(self, texts):
         self.texts, self.calls, self.tokenizer = list(texts), 0, SimpleNamespace(apply_chat_template=self._chat)
+        self.prompts = []
 
     @staticmethod
     def _chat(messages, tokenize=False, add_generation_prompt=True):
@@ -137,6 +192,7 @@ class ScriptedEngine:
 
     def generate(self, prompts, n=1, **kw):
         self.calls += 1
+        self.prompts += prompts
         return [[Completion(self.texts.pop(0), [1], [2, 3], "stop") for _ in range(n)] for _ in prompts]
 
 
@@ -144,14 +200,23 @@ def test_judge_sets_verdicts_from_generated_tests():
     a = Adapter(cfg())
     task = next(t for t in a.tasks if t.id == "sum-0")
     good = "a, b = map(int, input().split())\nprint(a + b)"
-    rollouts = [Rollout(task.id, [Step("p", [1], "r", [2])], 1, info={"program": good, "gt": [True]}),
-                Rollout(task.id, [Step("p", [1], "r", [2])], -1, info={"program": "print(3)", "gt": [False]})]
+    n = len(task.data["tests"])
+    rollouts = [Rollout(task.id, [Step("p", [1], "r", [2])], 1, info={"program": good, "gt": [True] * n}),
+                Rollout(task.id, [Step("p", [1], "r", [2])], -1, info={"program": "print(3)", "gt": [False] * n})]
     g = Group(task, rollouts)
     rm = ScriptedEngine(["1 2\n```\nOutput:\n```\n3\n```", "no test here"])  # continuations of TEST_PREFIX
     a.judge([g], rm, cfg(m=2))
     assert g.test_passes == [[True, False], [True, False]]
     assert [ro.steps[0].verdicts for ro in g.rollouts] == [[1, 0], [1, 0]]
-    assert "generated test 1: 2/2 programs pass" in a.feedback(g)
+
+    # E's critic feedback (released code): each test with its input, output and pass rate
+    fb = a.feedback(g)
+    assert json.dumps({"input": "1 2\n", "output": "3\n", "pass_rate": 1.0}) in fb.split("reward model")[1]
+    gt0 = task.data["tests"][0]
+    assert json.dumps({"input": gt0["input"], "output": gt0["output"], "pass_rate": 0.5}) in fb
+    prompt = a.rewrite_prompt(task, task, "harder", fb, 0.5)
+    assert json.dumps({"input": gt0["input"], "output": gt0["output"]}) in prompt.split("Current version")[0]
+    assert fb in prompt
 
 
 def test_generate_mode_takes_first_valid_try():

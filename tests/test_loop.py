@@ -1,9 +1,14 @@
 """The loop end to end on the tiny model: every ablation through the CLI, training on a mixed
 group (with a scripted engine double), SIGKILL + --resume, and one-line errors for bad input."""
+import dataclasses
 import json
+import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -159,9 +164,11 @@ def test_recover_from_kill_between_renames(tmp_path):
     (run.dir / "ckpt.old").mkdir()
     (run.dir / "ckpt.old" / "state.json").write_text('{"iteration": 4}')
     (run.dir / "ckpt.tmp").mkdir()   # incomplete: no state.json
+    run.close()
     cfg.resume = True
     run = loop.Run(cfg)
     assert run.state() == {"iteration": 4}
+    run.close()
     assert not (run.dir / "ckpt.tmp").exists() and not (run.dir / "ckpt.old").exists()
 
 
@@ -174,6 +181,16 @@ def test_recover_from_kill_between_renames(tmp_path):
     (["--iterations", "many"], "--iterations"),
     (["--eval-only"], "--checkpoint"),
     (["--frobnicate"], "--frobnicate"),
+    (["--top-p", "0"], "--top-p"),
+    (["--top-p", "5"], "--top-p"),
+    (["--gen-batch", "0"], "--gen-batch"),
+    (["--rm-max-new-tokens", "0"], "--rm-max-new-tokens"),
+    (["--env-retries", "-1"], "--env-retries"),
+    (["--sandbox-timeout", "0"], "--sandbox-timeout"),
+    (["--rm-temperature", "-1"], "--rm-temperature"),
+    (["--lr", "nan"], "--lr"),
+    (["--name", "/tmp/escape"], "--name"),
+    (["--name", "../escape"], "--name"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, needle):
     r = run_cli([*args, "--runs-dir", str(tmp_path)])
@@ -181,6 +198,49 @@ def test_bad_input_is_one_line(tmp_path, args, needle):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
     assert "Traceback" not in r.stderr
+    assert not Path("/tmp/escape").exists() and not (tmp_path.parent / "escape").exists()
+
+
+def test_every_numeric_flag_has_a_range_and_refuses_a_bad_value():
+    numeric = {f.name for f in dataclasses.fields(loop.Config) if f.type in ("int", "float")}
+    assert numeric == {name for name, _, _ in loop.RANGES}          # a new numeric flag needs a range
+    for name, ok, _ in loop.RANGES:
+        kind = next(f.type for f in dataclasses.fields(loop.Config) if f.name == name)
+        flag = "--" + name.replace("_", "-")
+        for bad in ((-10**9,) if kind == "int" else (-1e9, float("nan"), float("inf"))):
+            assert kind == "float" or not ok(bad)
+            with pytest.raises(loop.ConfigError, match=flag):
+                loop.parse_args([flag, str(bad)])
+
+
+def test_each_setting_shows_its_own_defaults_and_the_released_values():
+    out = {t: run_cli(["--task", t, "--help"]).stdout for t in ("livebench", "alfworld", "osworld")}
+    flat = {t: " ".join(o.split()) for t, o in out.items()}
+    assert "--m M R samples per step (coding: generated tests per task) [released code: 16] (default: 4)" in flat["livebench"]
+    assert "--m M R samples per step (coding: generated tests per task) (default: 3)" in flat["alfworld"]
+    assert "--m M R samples per step (coding: generated tests per task) (default: 3)" in flat["osworld"]
+    assert "--policy-steps POLICY_STEPS policy optimizer steps per iteration (default: 4)" in flat["alfworld"]
+    assert "--rm-steps RM_STEPS reward-model optimizer steps per iteration (default: 2)" in flat["osworld"]
+    assert "--rm-steps RM_STEPS reward-model optimizer steps per iteration (default: 4)" in flat["alfworld"]
+    assert "keeps its state across iterations and checkpoints it (default: True)" in flat["livebench"]
+    assert "[released code: 60] (default: 15)" in flat["alfworld"]          # --eval-max-turns, a CPU deviation
+    for t in out:
+        assert "E sampling temperature (generate mode) (default: 0.8)" in flat[t]
+        assert "before exp in the loss (Eq. 5; 0: off) (default: 10.0)" in flat[t]
+    assert "R nucleus sampling (default: 0.95)" in flat["alfworld"] and "R nucleus sampling (default: 1.0)" in flat["osworld"]
+    cfg = loop.parse_args(["--task", "alfworld"])
+    assert (cfg.eval_temperature, cfg.acc_lower, cfg.acc_upper, cfg.drop_zero_adv) == (0.8, 1 / 8, 7 / 8, True)
+    cfg = loop.parse_args(["--task", "osworld"])
+    assert (cfg.acc_lower, cfg.acc_upper, cfg.drop_zero_adv, cfg.policy_steps, cfg.rm_steps) == (0.0, 1.0, True, 4, 2)
+    cfg = loop.parse_args(["--task", "livebench"])
+    assert (cfg.acc_lower, cfg.acc_upper, cfg.drop_zero_adv, cfg.fresh_optimizer) == (0.2, 0.8, False, True)
+
+
+def test_preset_reference_is_the_released_configuration_and_flags_still_win():
+    cfg = loop.parse_args(["--task", "livebench", "--preset", "reference"])
+    assert (cfg.coding_reward, cfg.group_size, cfg.m, cfg.lr, cfg.policy_steps) == ("reference", 32, 16, 1e-6, 2)
+    cfg = loop.parse_args(["--task", "alfworld", "--preset", "reference", "--group-size", "4"])
+    assert (cfg.group_size, cfg.max_turns, cfg.eval_max_turns, cfg.eval_samples) == (4, 40, 60, 3)
 
 
 def test_existing_run_is_not_overwritten(tmp_path):
@@ -189,3 +249,118 @@ def test_existing_run_is_not_overwritten(tmp_path):
     r = run_cli(["--model", "tiny", "--runs-dir", str(tmp_path)])
     assert r.returncode == 2 and "--resume" in r.stderr
     assert (tmp_path / "livebench-full-s0" / "metrics.jsonl").read_text() == '{"iteration": 0}\n'
+
+
+# ── run folders (hardening) ──
+FAST = [*TINY, "--humaneval-limit", "0", "--eval-every", "-1"]
+
+
+def test_second_launch_on_a_locked_folder_names_the_holder(tmp_path):
+    cfg = loop.parse_args(["--runs-dir", str(tmp_path), "--name", "busy"])
+    holder = loop.Run(cfg)                    # holds runs/busy/.lock for its lifetime
+    try:
+        r = run_cli(["--model", "tiny", "--runs-dir", str(tmp_path), "--name", "busy", "--resume"])
+        assert r.returncode == 2 and f"in use by another run (pid {os.getpid()})" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+    finally:
+        holder.close()
+    assert not (tmp_path / "busy").exists()   # it held nothing but the lock: removed
+
+
+@pytest.mark.slow
+def test_folder_without_a_finished_iteration_resumes_from_scratch(tmp_path):
+    """A kill during the initial eval leaves config.json, metrics and samples but no committed
+    iteration: a fresh start is refused (no data silently replaced), --resume restarts it."""
+    run = tmp_path / "k"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({**dataclasses.asdict(loop.parse_args(
+        [*FAST, "--iterations", "1", "--runs-dir", str(tmp_path), "--name", "k"]))}))
+    (run / "metrics.jsonl").write_text('{"iteration": 0, "eval/in_domain/code": 0.5}\n')
+    (run / "ckpt.tmp").mkdir()                # an unfinished checkpoint write
+    r = run_cli(["--model", "tiny", "--runs-dir", str(tmp_path), "--name", "k"])
+    assert r.returncode == 2 and "restarts from scratch" in r.stderr
+    r = run_cli(["--runs-dir", str(tmp_path), "--name", "k", "--resume"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "no finished iteration: starting it again from scratch" in r.stdout
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [row["iteration"] for row in rows] == [0, 1] and "eval/in_domain/code" not in rows[0]
+    assert json.loads((run / "ckpt" / "state.json").read_text()) == {"iteration": 1}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """One finished 1-iteration run (with a persistent optimizer), copied by the damage tests."""
+    root = tmp_path_factory.mktemp("runs")
+    r = run_cli([*FAST, "--iterations", "1", "--no-fresh-optimizer", "--runs-dir", str(root), "--name", "base"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    return root / "base"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage,needle", [
+    ("state.json", "state.json is damaged"),
+    ("env_state.json", "env_state.json is damaged"),
+    ("config.json", "config.json is damaged"),
+])
+def test_damaged_checkpoint_files_are_one_line_errors(finished_run, tmp_path, damage, needle):
+    run = tmp_path / "d"
+    shutil.copytree(finished_run, run)
+    path = run / damage if damage == "config.json" else run / "ckpt" / damage
+    path.write_text(path.read_text()[:7])     # truncated mid-write by hand or a full disk
+    r = run_cli(["--runs-dir", str(tmp_path), "--name", "d", "--resume", "--iterations", "2"])
+    assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_missing_optimizer_state_is_one_warning_line(finished_run, tmp_path):
+    run = tmp_path / "o"
+    shutil.copytree(finished_run, run)
+    assert (run / "ckpt" / "policy" / "optimizer.pt").exists()    # --no-fresh-optimizer saves it
+    (run / "ckpt" / "policy" / "optimizer.pt").unlink()
+    r = run_cli(["--runs-dir", str(tmp_path), "--name", "o", "--resume", "--iterations", "2"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("optimizer.pt is missing: policy goes on with a fresh AdamW state") == 1
+
+
+@pytest.mark.slow
+def test_fresh_optimizer_by_default_saves_no_optimizer_state(tmp_path):
+    r = run_cli([*FAST, "--iterations", "1", "--runs-dir", str(tmp_path), "--name", "f"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (tmp_path / "f" / "ckpt" / "policy" / "config.json").exists()
+    assert not list((tmp_path / "f" / "ckpt").glob("*/optimizer.pt"))  # a new AdamW every iteration
+
+
+def test_runs_dir_under_a_file_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("x")
+    r = run_cli(["--model", "tiny", "--runs-dir", str(tmp_path / "file" / "runs")])
+    assert r.returncode == 2 and "cannot create the run folder" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_is_one_line_with_the_resume_command(tmp_path):
+    proc = subprocess.Popen([sys.executable, str(ROOT / "loop.py"), *FAST, "--iterations", "50", "--runs-dir",
+                             str(tmp_path), "--name", "c"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    state = tmp_path / "c" / "ckpt" / "state.json"
+    deadline = time.time() + 600
+    while time.time() < deadline and not state.exists():
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted")
+    assert f"--name c --runs-dir {tmp_path} --resume" in err
+    cfg = loop.parse_args(["--runs-dir", str(tmp_path), "--name", "c", "--resume"])
+    loop.Run(cfg).close()                                     # free to take again
+
+
+def test_leftover_sandbox_folders_of_a_killed_run_are_removed_at_the_next_start(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()                                   # a pid that no longer runs: a killed trainer's
+    stale = Path(tempfile.gettempdir()) / f"rlanything-sandbox-{dead.pid}-test"
+    (stale / "sub").mkdir(parents=True)
+    (stale / "sub" / "main.py").write_text("print(1)")
+    r = run_cli(["--model", "/no/such/model", "--runs-dir", str(tmp_path)])   # starts, cleans, then fails
+    assert r.returncode == 2 and not stale.exists()
+    assert re.search(r"removed \d+ leftover sandbox folder\(s\) of killed runs", r.stdout)

@@ -1,4 +1,4 @@
-"""Every formula pinned to hand-worked values (METHOD.md's worked example included)."""
+"""Every formula pinned to hand-worked values (docs/METHOD.md's worked example included)."""
 import math
 
 import pytest
@@ -22,7 +22,7 @@ def test_integrated_reward_hand_values():
     assert policy.integrated_reward(-1, []) == -1.0             # no R: the outcome alone
 
 
-# ── Eq. 2: METHOD.md worked example, G = 2, m = 2 ──
+# ── Eq. 2: docs/METHOD.md worked example, G = 2, m = 2 ──
 WORKED_R = [[2.0, 1.0], [-2.0, -0.5, -2.0]]
 
 
@@ -48,7 +48,7 @@ def test_step_advantages_equal_rewards_and_three_rollouts():
     assert [x[0] for x in adv] == pytest.approx([-1 / s, 0.0, 1 / s])
 
 
-# ── Eq. 3: METHOD.md worked example ──
+# ── Eq. 3: docs/METHOD.md worked example ──
 def test_consistency_rewards_worked_example():
     assert rm.consistency_rewards(-0.5, [1, 0]) == [1.0, -1.0]   # raw [−0.5, −2]
     assert rm.consistency_rewards(2.0, [1, 1]) is None           # raw [2, 2]: skipped
@@ -188,3 +188,60 @@ def test_coding_metrics_hand_example():
         tests_ok=[[True, True, False], [True], [True, True]])
     assert m["ut"] == pytest.approx(3 / 5)      # A: t0, t1 correct of 3; C: 1 of 2
     assert m["detect"] == pytest.approx(1 / 3)  # A only: t0
+
+
+# ── the released code's coding path (reward/llm_rl_reward.py), worked by hand ──
+def test_rm_test_writer_trains_only_on_balanced_tasks():
+    """R's coding samples come only from tasks with acc in [0.2, 0.8], as for step judges."""
+    task = Task("t", "p", {})
+    all_pass = Group(task, [Rollout("t", [_step([])], 1), Rollout("t", [_step([])], 1)],
+                     tests=[_c(0), _c(1)], test_passes=[[True, False], [True, False]])
+    assert rm.rm_samples([all_pass], "tests") == []          # acc 1.0: left out (raw rewards would be [1, −1])
+
+
+def test_reference_coding_reward_worked_example():
+    """GT pass fractions [1, .5, 0, 0]: pass@all acc 1/4 ∈ [0.2, 0.8], z-scored with the population std:
+    mean .375, std √.171875 = .41458 → [1.5076, .3015, −.9045, −.9045]. Fractions [1, .5, 0]: acc 1/3,
+    advantages [1.2247, 0, −1.2247], and the 0 is KEPT (coding keeps zero advantages)."""
+    import loop
+    cfg = loop.parse_args(["--task", "livebench", "--coding-reward", "reference"])
+    kw = dict(reward=cfg.coding_reward, acc_range=(cfg.acc_lower, cfg.acc_upper), drop_zero=cfg.drop_zero_adv)
+    assert kw == dict(reward="reference", acc_range=(0.2, 0.8), drop_zero=False)
+    task = Task("t", "p", {})
+
+    def grp(scores):
+        return Group(task, [Rollout("t", [_step([1, -1])], 1 if s == 1 else -1, score=s) for s in scores])
+
+    adv = [s.advantage for s in policy.policy_samples([grp([1.0, 0.5, 0.0, 0.0])], **kw)]
+    assert adv == pytest.approx([1.5076, 0.3015, -0.9045, -0.9045], abs=1e-4)
+    adv = [s.advantage for s in policy.policy_samples([grp([1.0, 0.5, 0.0])], **kw)]
+    assert adv == pytest.approx([1.2247, 0.0, -1.2247], abs=1e-4)   # three samples: the zero stays
+    assert policy.policy_samples([grp([0.5, 0.0, 0.0])], **kw) == []          # acc 0: left out, though std > 0
+    assert policy.policy_samples([grp([1.0, 1.0, 1.0, 1.0, 1.0])], **kw) == []  # acc 1: left out
+    assert len(policy.policy_samples([grp([1.0, 1.0, 1.0, 1.0, 0.5])], **kw)) == 5  # acc 0.8: kept (inclusive)
+
+
+def test_reference_test_writer_reward_worked_example():
+    """Programs c0 (GT code), c1-c3; tests t0 (passes c0 only) → +3, t1 (c0, c1) → +2, t2 (c1 only, wrong)
+    → −1, t3 (malformed: passes nobody) → −0. z over the 4 tests: [1.2649, .6325, −1.2649, −.6325]."""
+    passes = [[True, True, False, False], [False, True, True, False], [False] * 4, [False] * 4]
+    assert rm.test_writer_rewards([True, False, False, False], passes) == pytest.approx(
+        [1.2649, 0.6325, -1.2649, -0.6325], abs=1e-4)
+
+
+# ── Eq. 5, per token ──
+def test_token_loss_hand_values_and_log_ratio_clamp():
+    import torch
+    from llm import token_loss
+    logp, old, adv = torch.tensor([[0.0, -1.0, -1.5]]), torch.tensor([[-1.0, -1.0, -1.0]]), torch.tensor([2.0])
+    pg, kl, r = token_loss(logp, old, adv, clip_eps=0.2)
+    # r = e, 1, e^−.5: A > 0 so min(r·A, clip(r)·A) = [1.2·2, 1·2, e^−.5·2]
+    assert pg[0].tolist() == pytest.approx([-2.4, -2.0, -2 * math.exp(-0.5)])
+    # k3: π_old/π_θ − log(π_old/π_θ) − 1 = e^−d + d − 1 with d = log r
+    assert kl[0].tolist() == pytest.approx([math.exp(-1) + 1 - 1, 0.0, math.exp(0.5) - 0.5 - 1])
+    # log r = 30 is clamped to 10 (released code) before exp; with the clamp off it is not
+    pg, kl, r = token_loss(torch.tensor([[30.0]]), torch.tensor([[0.0]]), torch.tensor([-1.0]))
+    assert r.item() == pytest.approx(math.exp(10)) and kl.item() == pytest.approx(math.exp(-10) + 9)
+    assert pg.item() == pytest.approx(math.exp(10))              # A < 0: −min(r·A, 1.2·A) = r
+    _, kl, r = token_loss(torch.tensor([[30.0]]), torch.tensor([[0.0]]), torch.tensor([-1.0]), log_ratio_clamp=0)
+    assert r.item() == pytest.approx(math.exp(30), rel=1e-4) and kl.item() == pytest.approx(29.0)

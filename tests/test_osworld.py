@@ -26,8 +26,8 @@ from tasks.osworld import Action, parse_action
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "osworld"
-CFG = SimpleNamespace(max_turns=4, max_new_tokens=8, top_p=1.0, temperature=1.0, m=2, rm_temperature=1.0, browsers=3,
-                      rm_max_new_tokens=4)
+CFG = SimpleNamespace(max_turns=4, max_new_tokens=8, top_p=1.0, temperature=1.0, m=2, rm_temperature=1.0,
+                      rm_top_p=1.0, browsers=3, rm_max_new_tokens=4)
 
 
 @pytest.fixture(scope="module")
@@ -205,16 +205,24 @@ def test_variants_move_along_the_ladder_through_hints(adapter):
     assert adapter.variant(top, "harder") is None and adapter.variant(ow.ladder_task("click", 0, 0, hint=True), "easier") is None
 
 
-def test_generated_rewrites_are_validated(adapter):
-    root = ow.ladder_task("type", 1, 2)                      # enter-text
-    hint = adapter.parse_rewrite(root, "\\boxed{Type the quoted word into the box, then click Submit.}")
-    assert hint.data["hint"].startswith("Type the quoted") and hint.data["page"] == "enter-text" and hint.origin == "generated"
-    harder = adapter.parse_rewrite(root, "\\boxed{login-user}")
-    assert harder.data["page"] == "login-user" and harder.data["seed"] == 2
-    for bad in ("\\boxed{focus-text}", "\\boxed{short}", "no box", "\\boxed{" + "x" * 301 + "}"):
+def test_generated_rewrites_choose_a_template_and_a_hint(adapter):
+    """generate mode (released code): E answers {template: hint} in JSON, one key, a template of the task's
+    family (MiniWoB: the pages of its ladder); it may switch template and add or remove hints."""
+    root = ow.ladder_task("type", 1, 2)                      # enter-text, seed 2
+    hint = adapter.parse_rewrite(root, '{"enter-text": "Type the quoted word into the box, then click Submit."}')
+    assert (hint.data["page"], hint.data["seed"], hint.origin) == ("enter-text", 2, "generated")
+    assert hint.data["hint"].startswith("Type the quoted") and hint.level == 2
+    harder = adapter.parse_rewrite(root, 'I pick a harder page. {"login-user": ""}')
+    assert (harder.data["page"], harder.data["hint"], harder.data["seed"], harder.level) == ("login-user", "", 2, 9)
+    easier = adapter.parse_rewrite(root, '{"focus-text": "Click the box."}')   # a lower page is allowed too
+    assert easier.data["page"] == "focus-text" and easier.level == 0
+    for bad in ('{"click-test": "x"}',                     # a page of another family
+                '{"enter-text": "a", "login-user": "b"}',  # two keys
+                '{"enter-text": 3}', "no json", '{"enter-text": "' + "x" * 301 + '"}'):
         assert adapter.parse_rewrite(root, bad) is None
-    assert "login-user" in adapter.rewrite_prompt(root, root, "harder", "fb")
-    assert "hint" in adapter.rewrite_prompt(root, root, "easier", "rollout 0: not solved")
+    prompt = adapter.rewrite_prompt(root, root, "harder", "rollout 0: not solved", 1.0)
+    assert '{"enter-text": ""}' in prompt and '"login-user": ' in prompt and "rollout 0: not solved" in prompt
+    assert adapter.rewrite_prefix == '{"'
 
 
 def test_hint_reaches_the_policy_prompt(adapter):

@@ -1,0 +1,196 @@
+"""Paper Table 1 as a study: every ablation row × seeds, run one after another, then the table and
+its figure from the runs' metrics.
+
+    python table1.py --task maze --seeds 3                       # 4 rows × 3 seeds, then the table
+    python table1.py --task livebench --seeds 3 --rows grpo,full --iterations 20   # loop flags pass through
+    python table1.py --task maze --seeds 3 --report-only         # only the table and table1.png
+
+Each cell is one `loop.py` run in its own process, in runs/<study>/<row>-s<seed>/. The study is
+resumable: a finished run is skipped, a killed one is continued with --resume, so stopping and
+starting the study again loses at most the iteration in flight. The table gives, per row, each
+eval column after training as mean ± std over seeds with the per-seed values; "before" is the
+iteration-0 eval (the initial model, the same for every row of a seed). R's columns are UT and
+Detect in coding, Process / Outcome Acc in the agent settings (grpo has no R: "-").
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import loop
+
+ROOT = Path(__file__).resolve().parent
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--task", default="maze", help="the setting (as loop.py --task)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per row")
+    p.add_argument("--rows", default=",".join(loop.ABLATIONS), help="comma-separated Table 1 rows")
+    p.add_argument("--study", default="", help="study folder under --runs-dir (default: table1-<task>)")
+    p.add_argument("--runs-dir", default="runs", help="where studies go")
+    p.add_argument("--report-only", action="store_true", help="print the table and draw the figure; run nothing")
+    args, loop_flags = p.parse_known_args(argv)
+    rows = [r for r in args.rows.split(",") if r]
+    bad = [r for r in rows if r not in loop.ABLATIONS]
+    if bad or not rows:
+        p.error(f"--rows: unknown {', '.join(bad) or '(none)'}; choose from {', '.join(loop.ABLATIONS)}")
+    if args.seeds < 1:
+        p.error("--seeds must be at least 1")
+    for flag in ("--ablation", "--seed", "--name", "--runs-dir", "--resume", "--task"):
+        if any(f == flag or f.startswith(flag + "=") for f in loop_flags):
+            p.error(f"{flag} is set by table1.py itself")
+    args.rows, args.loop_flags = rows, loop_flags
+    args.dir = Path(args.runs_dir) / (args.study or f"table1-{args.task}")
+    return args
+
+
+def cell_args(args, row: str, seed: int) -> list[str]:
+    return ["--task", args.task, "--ablation", row, "--seed", str(seed), "--runs-dir", str(args.dir),
+            "--name", f"{row}-s{seed}", *args.loop_flags]
+
+
+def finished(run: Path, iterations: int) -> bool:
+    state = run / "ckpt" / "state.json"
+    try:
+        return json.loads(state.read_text())["iteration"] >= iterations
+    except (OSError, json.JSONDecodeError, KeyError):
+        return False
+
+
+def run_study(args) -> None:
+    """Every (row, seed) cell in turn: skipped when finished, resumed when started, else started."""
+    for seed in range(args.seeds):
+        for row in args.rows:
+            cfg = loop.parse_args(cell_args(args, row, seed))      # validates the flags before anything runs
+            run = args.dir / cfg.name
+            if finished(run, cfg.iterations):
+                print(f"[table1] {cfg.name}: finished, skipped", flush=True)
+                continue
+            resume = (run / "config.json").exists()
+            cmd = [sys.executable, str(ROOT / "loop.py"), *cell_args(args, row, seed), *(["--resume"] if resume else [])]
+            print(f"[table1] {cfg.name}: {'resuming' if resume else 'starting'}", flush=True)
+            t0 = time.perf_counter()
+            code = subprocess.call(cmd, cwd=ROOT)
+            if code != 0:
+                raise SystemExit(f"[table1] {cfg.name} exited with {code}; run the study again to resume it")
+            print(f"[table1] {cfg.name}: done in {(time.perf_counter() - t0) / 60:.1f} min", flush=True)
+
+
+def load(args) -> dict:
+    """(row, seed) → metrics rows, for the cells that have metrics."""
+    out = {}
+    for row in args.rows:
+        for seed in range(args.seeds):
+            path = args.dir / f"{row}-s{seed}" / "metrics.jsonl"
+            if path.exists():
+                out[row, seed] = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return out
+
+
+def eval_columns(runs: dict) -> list[str]:
+    """The eval/* keys the runs report (standard errors are shown next to their value, not as columns)."""
+    keys = {k for rows in runs.values() for r in rows for k in r if k.startswith("eval/") and not k.endswith("_se")}
+    return sorted(keys, key=lambda k: (k.split("/")[1], k))
+
+
+def last_eval(rows: list[dict]) -> dict:
+    evaluated = [r for r in rows if any(k.startswith("eval/") for k in r)]
+    return evaluated[-1] if evaluated else {}
+
+
+def fmt(rows: list[dict], col: str) -> str:
+    """One column over seeds, in %: mean ± std over seeds, then each seed's value (± its eval's standard
+    error, when the adapter reports one)."""
+    pairs = [(r[col], r.get(col + "_se", float("nan"))) for r in rows if col in r and not math.isnan(r[col])]
+    if not pairs:
+        return "-"
+    vals = [100 * v for v, _ in pairs]
+    spread = f" ± {statistics.stdev(vals):.1f}" if len(vals) > 1 else ""
+    seeds = ", ".join(f"{100 * v:.1f}" + ("" if math.isnan(se) else f"±{100 * se:.1f}") for v, se in pairs)
+    return f"{statistics.fmean(vals):.1f}{spread} ({seeds})"
+
+
+def table(args, runs: dict) -> str:
+    """Markdown: a "before" line (each seed's iteration-0 eval), then one line per row (its last eval),
+    mean ± std over seeds with the per-seed values in %, and the mean minutes per run."""
+    cols = eval_columns(runs)
+    head = ["row", "iteration", *[c.removeprefix("eval/") for c in cols], "min/run"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    before = {}
+    for (row, seed), rows in runs.items():   # per seed, the iteration-0 eval that has the most columns (with R)
+        if rows and len(rows[0]) > len(before.get(seed, {})):
+            before[seed] = rows[0]
+    lines.append("| before | 0 | " + " | ".join(fmt(list(before.values()), c) for c in cols) + " | |")
+    for row in args.rows:
+        cells = [runs[row, s] for s in range(args.seeds) if (row, s) in runs]
+        after = [last_eval(rows) for rows in cells]
+        its = ",".join(str(i) for i in sorted({a["iteration"] for a in after if a})) or "-"
+        minutes = statistics.fmean(sum(r.get("time/iteration", 0) for r in rows) / 60 for rows in cells) if cells else 0
+        lines.append(f"| {row} | {its} | " + " | ".join(fmt(after, c) for c in cols)
+                     + f" | {minutes:.0f} |")
+    return "\n".join(lines)
+
+
+def figure(args, runs: dict, path: Path) -> None:
+    """Eval accuracy per iteration (one panel per eval set's first column), each row's mean over
+    seeds as a line and its min–max over seeds as a band."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    firsts = {}
+    for c in eval_columns(runs):
+        firsts.setdefault(c.split("/")[1], c)
+    panels = list(firsts.values())
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
+    for ax, col in zip(axes[0], panels):
+        for row in args.rows:
+            series = [{r["iteration"]: r[col] for r in runs[row, s] if col in r}
+                      for s in range(args.seeds) if (row, s) in runs]
+            its = sorted(set().union(*series)) if series else []
+            pts = [(i, [100 * s[i] for s in series if i in s]) for i in its]
+            if not pts:
+                continue
+            xs = [i for i, _ in pts]
+            ax.plot(xs, [statistics.fmean(v) for _, v in pts], marker="o", label=row)
+            ax.fill_between(xs, [min(v) for _, v in pts], [max(v) for _, v in pts], alpha=0.2)
+        ax.set_title(col.removeprefix("eval/"))
+        ax.set_xlabel("iteration")
+        ax.set_ylabel("%")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{args.task}: Table 1 rows, mean over seeds (band: min–max)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    try:
+        if not args.report_only:
+            run_study(args)
+    except loop.ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    runs = load(args)
+    if not runs:
+        print(f"error: no runs under {args.dir}", file=sys.stderr)
+        return 2
+    print(table(args, runs))
+    figure(args, runs, args.dir / "table1.png")
+    print(f"[table1] figure: {args.dir / 'table1.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

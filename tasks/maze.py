@@ -1,0 +1,291 @@
+"""The teaching setting: grid mazes, small enough that all three parts of RLAnything learn on a
+laptop CPU in minutes. Not a setting of the paper; it has the shape of its agent settings (§4.1):
+multi-turn episodes, R judging every step, E moving tasks along a difficulty ladder.
+
+- A maze is a grid of '#' (wall), '.' (floor), 'S' (start) and 'G' (goal); outside the grid is
+  wall. P sees the map with its position 'A', both coordinates, its last moves and the numbered
+  moves it can make (a move into a wall is not offered), and answers a number in \\boxed{}. The
+  answer is prefilled with "\\boxed{", as in the ALFWorld adapter. An unparseable answer is a
+  wasted step and the episode goes on. Outcome: the goal reached within `max_turns` steps.
+- Exact step labels, computed the way ALFWorld's planner labels are: a step is good iff it reaches
+  the goal or shortens the breadth-first-search distance to the goal by one (it lies on a shortest
+  path). R's Process Acc is therefore exact here.
+- Difficulty ladder, for E's `variants` mode: LEVELS, from a 3×3 room with the goal next to the
+  start to a 7×7 maze with walls and a long shortest path; a variant is the training maze at the
+  same position one level up or down. In `generate` mode E draws a new maze in \\boxed{} (rows
+  separated by '/'); it is kept only if the solver (BFS) finds a path and it is no eval maze.
+- Splits: train = LEVELS × TRAIN_SEEDS; in-domain eval = the same levels, other seeds; OOD eval =
+  mazes of a layout never trained on (a long corridor with side pockets).
+"""
+from __future__ import annotations
+
+import random
+import re
+from collections import deque
+from dataclasses import dataclass, field
+
+from llm import render_chat
+from tasks import ANSWER_PREFIX, Group, Rollout, Step, Task, agent_results, eval_groups, eval_subsets, judge_steps, play_turns
+
+DEFAULTS = {  # the teaching setting's CPU defaults (each one a flag)
+    "tasks_per_iter": 8, "group_size": 8, "max_turns": 8, "max_new_tokens": 4, "m": 3, "rm_max_new_tokens": 24,
+    "temperature": 1.0, "top_p": 1.0, "rm_temperature": 0.8, "env_mode": "variants", "env_retries": 4,
+    "env_max_new_tokens": 48, "policy_steps": 2, "rm_steps": 2, "acc_lower": 0.0, "acc_upper": 1.0,
+    "drop_zero_adv": True, "iterations": 20, "eval_every": 5, "eval_samples": 4, "eval_temperature": 1.0,
+    "eval_tasks": 0, "lr": 2e-5, "rm_lr": 2e-5,
+}
+HISTORY = 3
+MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
+# (rows, cols, walls, shortest-path length range): easy → hard
+LEVELS = [(3, 3, 0, (1, 1)), (3, 3, 0, (2, 2)), (4, 4, 0, (3, 4)), (5, 5, 3, (4, 6)), (6, 6, 6, (6, 8)),
+          (7, 7, 10, (8, 12))]
+TRAIN_SEEDS, EVAL_SEEDS = range(0, 12), range(1000, 1008)
+MAX_SIDE = 9                 # E's mazes: at most 9 × 9
+
+POLICY_PROMPT = """You walk through a grid maze to the goal. Map ('#' wall, '.' floor, 'A' you, 'G' goal):
+{map}
+You are at row {r}, column {c}. The goal is at row {gr}, column {gc}.
+{history}Moves:
+{moves}
+Choose the move that brings you closer to the goal. Reply with its number in \\boxed{{}}."""
+
+JUDGE_PROMPT = """A player walks through a grid maze to the goal at row {gr}, column {gc}.
+Before the step it was at row {r}, column {c}:
+{map}
+It answered: {response}
+Move taken: {action}
+After the step it is at row {r2}, column {c2}.
+
+Was this a good step towards the goal? Explain in one sentence, then answer \\boxed{{1}} (good) or \\boxed{{-1}} (bad)."""
+
+REWRITE_PROMPT = """You design grid mazes for a player who walks to the goal. Make the maze below {direction}: \
+{how}
+Current maze (rows separated by '/'; '#' wall, '.' floor, 'S' start, 'G' goal):
+{maze}
+The player's success rate on it: {acc}
+
+What the critics saw:
+{feedback}
+
+Answer with the new maze in \\boxed{{}}, rows separated by '/', for example \\boxed{{#####/#S.G#/#####}}."""
+
+_BOXED_INT = re.compile(r"\\boxed\{\s*(\d+)\s*\}")
+
+
+# ───────────────────────────── mazes ─────────────────────────────
+
+def find(grid: list[str], ch: str) -> tuple[int, int]:
+    return next((r, row.index(ch)) for r, row in enumerate(grid) if ch in row)
+
+
+def free(grid: list[str], r: int, c: int) -> bool:
+    return 0 <= r < len(grid) and 0 <= c < len(grid[0]) and grid[r][c] != "#"
+
+
+def distances(grid: list[str]) -> dict[tuple[int, int], int]:
+    """The solver: BFS distance to the goal from every reachable cell."""
+    goal = find(grid, "G")
+    dist, queue = {goal: 0}, deque([goal])
+    while queue:
+        r, c = queue.popleft()
+        for dr, dc in MOVES.values():
+            nxt = (r + dr, c + dc)
+            if free(grid, *nxt) and nxt not in dist:
+                dist[nxt] = dist[(r, c)] + 1
+                queue.append(nxt)
+    return dist
+
+
+def moves_from(grid: list[str], pos: tuple[int, int]) -> list[tuple[str, tuple[int, int]]]:
+    """The moves P is offered at pos, in a fixed order: (name, cell it leads to)."""
+    return [(name, (pos[0] + dr, pos[1] + dc)) for name, (dr, dc) in MOVES.items() if free(grid, pos[0] + dr, pos[1] + dc)]
+
+
+def step_label(dist: dict, before: tuple[int, int], after: tuple[int, int] | None) -> int:
+    """Exact ground truth of a step: +1 iff it shortens the distance to the goal by one."""
+    return 1 if after is not None and dist.get(after, 10**9) == dist[before] - 1 else -1
+
+
+def random_maze(rows: int, cols: int, walls: int, span: tuple[int, int], rng: random.Random) -> list[str]:
+    """A maze of the given shape whose shortest path from S to G is within span (rejection sampling)."""
+    while True:
+        cells = [["."] * cols for _ in range(rows)]
+        for r, c in rng.sample([(r, c) for r in range(rows) for c in range(cols)], walls):
+            cells[r][c] = "#"
+        open_cells = [(r, c) for r in range(rows) for c in range(cols) if cells[r][c] == "."]
+        start, goal = rng.sample(open_cells, 2)
+        cells[start[0]][start[1]], cells[goal[0]][goal[1]] = "S", "G"
+        grid = ["".join(row) for row in cells]
+        d = distances(grid).get(start)
+        if d is not None and span[0] <= d <= span[1]:
+            return grid
+
+
+def corridor_maze(length: int, rng: random.Random) -> list[str]:
+    """The OOD layout: a one-row corridor with dead-end pockets above it, S and G at its two ends."""
+    top = "".join("." if k % 2 and rng.random() < 0.7 else "#" for k in range(length))
+    middle = "S" + "." * (length - 2) + "G"
+    if rng.random() < 0.5:
+        middle = middle[::-1]
+    return [top, middle, "#" * length]
+
+
+def maze_task(grid: list[str], tid: str, level: int | None, split: str, origin: str = "original") -> Task:
+    return Task(id=tid, prompt=" / ".join(grid), data={"grid": grid, "split": split,
+                                                       "dist": distances(grid)[find(grid, "S")]},
+                ladder="maze" if level is not None else None, level=level, origin=origin)
+
+
+def maze_sets() -> dict[str, list[Task]]:
+    """train: every level × len(TRAIN_SEEDS) mazes; in_domain: every level × len(EVAL_SEEDS) other mazes
+    (no grid of the train set: the small levels have few distinct grids, so seeds are skipped until
+    a new one comes up); ood: corridor mazes, a layout never trained on."""
+    seen, sets = set(), {}
+    for split, seeds in (("train", TRAIN_SEEDS), ("in_domain", EVAL_SEEDS)):
+        sets[split] = []
+        for k in range(len(LEVELS)):
+            s = seeds[0]
+            for _ in seeds:
+                while (grid := tuple(random_maze(*LEVELS[k], random.Random(f"{k}/{s}")))) in seen:
+                    s += 1
+                seen.add(grid)
+                sets[split].append(maze_task(list(grid), f"{split}/L{k}/s{s}", k, split))
+                s += 1
+    sets["ood"] = [maze_task(corridor_maze(5 + s % 4, random.Random(f"ood/{s}")), f"ood/corridor/s{s}", None, "ood")
+                   for s in EVAL_SEEDS]
+    return sets
+
+
+def parse_choice(text: str, n: int) -> int | None:
+    """The 1-based index in the last \\boxed{k} of an answer, if 1 <= k <= n."""
+    found = _BOXED_INT.findall(text)
+    return int(found[-1]) if found and 1 <= int(found[-1]) <= n else None
+
+
+def parse_maze(text: str) -> list[str] | None:
+    """A maze written by E: the last \\boxed{...}, rows separated by '/'; rectangular, at most
+    MAX_SIDE × MAX_SIDE, one S, one G, only '#.SG', and solvable (BFS). None otherwise."""
+    start = text.rfind("\\boxed{")
+    body = text[start + len("\\boxed{"):] if start >= 0 else ""
+    body = body[:body.find("}")] if "}" in body else ""
+    rows = [r.strip() for r in body.split("/") if r.strip()]
+    if not (1 <= len(rows) <= MAX_SIDE and all(len(r) == len(rows[0]) <= MAX_SIDE for r in rows)):
+        return None
+    if set("".join(rows)) - set("#.SG") or "".join(rows).count("S") != 1 or "".join(rows).count("G") != 1:
+        return None
+    return rows if find(rows, "S") in distances(rows) else None
+
+
+# ───────────────────────────── episodes ─────────────────────────────
+
+@dataclass
+class Episode:
+    task: Task
+    pos: tuple[int, int]
+    dist: dict                                      # BFS distance to the goal, every reachable cell
+    history: list[str] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    judge_prompts: list[str] = field(default_factory=list)
+    won: bool = False
+    invalid: int = 0
+
+
+def render(grid: list[str], pos: tuple[int, int]) -> str:
+    rows = [row.replace("S", ".") for row in grid]
+    rows[pos[0]] = rows[pos[0]][:pos[1]] + "A" + rows[pos[0]][pos[1] + 1:]
+    return "\n".join(rows)
+
+
+class Adapter:
+    """Grid mazes: multi-turn episodes, exact step labels, a difficulty ladder, solver-checked rewrites."""
+
+    judge_kind = "steps"
+    rewrite_prefix = ANSWER_PREFIX
+
+    def __init__(self, cfg):
+        self.cfg, self.timings, self.sets = cfg, {}, maze_sets()
+
+    def train_tasks(self) -> list[Task]:
+        return self.sets["train"]
+
+    def eval_sets(self) -> dict[str, list[Task]]:
+        return eval_subsets(self.sets, self.cfg.eval_tasks, self.cfg.seed)
+
+    def policy_prompt(self, ep: Episode, tokenizer) -> str:
+        grid = ep.task.data["grid"]
+        (gr, gc), options = find(grid, "G"), moves_from(grid, ep.pos)
+        moves = "\n".join(f"{i}. {name} → row {r}, column {c}" for i, (name, (r, c)) in enumerate(options, 1))
+        history = f"Your last moves: {', '.join(ep.history[-HISTORY:])}\n" if ep.history else ""
+        return render_chat(tokenizer, POLICY_PROMPT.format(map=render(grid, ep.pos), r=ep.pos[0], c=ep.pos[1], gr=gr,
+                                                           gc=gc, history=history, moves=moves))
+
+    def _act(self, ep: Episode, prompt: str, completion) -> None:
+        grid = ep.task.data["grid"]
+        options = moves_from(grid, ep.pos)
+        choice = parse_choice(completion.text, len(options))
+        before = ep.pos
+        if choice is None:
+            ep.invalid += 1
+            action, after = "none (no valid move number)", None
+        else:
+            action, after = options[choice - 1]
+            ep.pos = after
+            ep.won = grid[after[0]][after[1]] == "G"
+        gr, gc = find(grid, "G")
+        ep.judge_prompts.append(JUDGE_PROMPT.format(gr=gr, gc=gc, r=before[0], c=before[1], map=render(grid, before),
+                                                    response=completion.text.strip()[:200], action=action,
+                                                    r2=ep.pos[0], c2=ep.pos[1]))
+        ep.steps.append(Step(prompt, completion.prompt_ids, completion.text, completion.ids,
+                             observation=f"at row {ep.pos[0]}, column {ep.pos[1]}", label=step_label(ep.dist, before, after)))
+        ep.history.append(action if choice is not None else "none")
+
+    def rollout(self, tasks: list[Task], G: int, engine, cfg, temperature: float | None = None,
+                max_turns: int | None = None) -> list[Group]:
+        """G episodes per task; at every turn ONE generate call serves every live episode."""
+        max_turns = max_turns or cfg.max_turns
+        episodes = [Episode(t, find(t.data["grid"], "S"), distances(t.data["grid"])) for t in tasks for _ in range(G)]
+        play_turns(episodes, lambda ep: ep.won, self.policy_prompt,
+                   lambda answers: [self._act(*a) for a in answers], engine, cfg, temperature, max_turns)
+        return [Group(t, [Rollout(t.id, ep.steps, 1 if ep.won else -1, float(ep.won),
+                                  info={"judge_prompts": ep.judge_prompts, "invalid": ep.invalid,
+                                        "actions": ep.history})
+                          for ep in episodes[k * G:(k + 1) * G]]) for k, t in enumerate(tasks)]
+
+    def judge(self, groups: list[Group], engine, cfg) -> None:
+        judge_steps(groups, engine, cfg)
+
+    def evaluate(self, sets: dict[str, list[Task]], policy, rm, cfg) -> dict:
+        """Success per eval set, and with R: Process Acc (exact labels) and Outcome Acc."""
+        return agent_results(eval_groups(self, sets, policy, rm, cfg), rm)
+
+    # — E, variants mode: the training maze at the same position one level up or down —
+    def variant(self, task: Task, direction: str) -> Task | None:
+        if task.level is None:
+            return None
+        level = task.level + (1 if direction == "harder" else -1)
+        if not 0 <= level < len(LEVELS):
+            return None
+        here = [t for t in self.sets["train"] if t.level == task.level]
+        there = [t for t in self.sets["train"] if t.level == level]
+        new = there[next(i for i, t in enumerate(here) if t.data["grid"] == task.data["grid"]) % len(there)]
+        return Task(new.id, new.prompt, new.data, new.ladder, new.level, origin="variant")
+
+    # — E, generate mode: a new maze, kept only if the solver finds a path —
+    def rewrite_prompt(self, root: Task, active: Task, direction: str, feedback: str, acc: float | None = None) -> str:
+        how = ("a longer shortest path, more walls, dead ends." if direction == "harder"
+               else "a shorter path from S to G, fewer walls.")
+        return REWRITE_PROMPT.format(direction=direction, how=how, maze="/".join(active.data["grid"]),
+                                     acc="unknown" if acc is None else f"{acc:.2f}", feedback=feedback or "(none)")
+
+    def parse_rewrite(self, root: Task, text: str) -> Task | None:
+        """A valid, solvable maze (`parse_maze`) that is none of the eval mazes (never train on those)."""
+        grid = parse_maze(text)
+        if grid is None or any(grid == t.data["grid"] for name in ("in_domain", "ood") for t in self.sets[name]):
+            return None
+        return maze_task(grid, f"{root.id}~gen", root.level, "train", origin="generated")
+
+    # — critic feedback for E —
+    def feedback(self, group: Group) -> str:
+        lines = [f"rollout {k}: not at the goal after {len(ro.steps)} steps ({ro.info['invalid']} invalid answers); "
+                 f"moves: {', '.join(ro.info['actions'][-4:])}" for k, ro in enumerate(group.rollouts) if ro.outcome < 0]
+        return "\n".join(lines[:4]) or f"all {len(group.rollouts)} rollouts reached the goal"

@@ -1,0 +1,130 @@
+"""The teaching setting (grid mazes): a scripted optimal policy wins at every level, exact step labels
+agree with the solver, bad answers cost a step, E's rewrites are solver-checked, the ladder moves,
+and 2 loop iterations per ablation on the tiny model."""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import llm
+import loop
+from llm import Completion
+from tasks import maze as mz
+
+ROOT = Path(__file__).resolve().parent.parent
+CFG = SimpleNamespace(max_turns=20, max_new_tokens=4, top_p=1.0, temperature=1.0, m=2, rm_temperature=1.0,
+                      rm_top_p=1.0, rm_max_new_tokens=4)
+
+
+class ScriptedEngine:
+    """A test double for an engine: `answer(prompt)` gives the text after the prefilled "\\boxed{"."""
+
+    def __init__(self, answer):
+        self.answer, self.tokenizer = answer, llm.load("tiny")[1]
+
+    def generate(self, prompts, n=1, **kw):
+        return [[Completion(self.answer(p), [1], [2], "stop") for _ in range(n)] for p in prompts]
+
+
+def optimal(prompt: str) -> str:
+    """Reads the map and the numbered moves from P's prompt and answers a move on a shortest path."""
+    lines = prompt.split("'G' goal):\n")[1].split("\nYou are at")[0].splitlines()
+    grid = [row.replace("A", ".") for row in lines]
+    dist = mz.distances(grid)
+    moves = re.findall(r"(\d+)\. \w+ → row (\d+), column (\d+)", prompt)
+    best = min(moves, key=lambda m: dist.get((int(m[1]), int(m[2])), 10**9))
+    return f"{best[0]}}}"
+
+
+@pytest.fixture(scope="module")
+def adapter():
+    return mz.Adapter(loop.parse_args(["--task", "maze"]))
+
+
+def test_splits_and_ladder_shapes(adapter):
+    sets = adapter.sets
+    assert len(sets["train"]) == len(mz.LEVELS) * len(mz.TRAIN_SEEDS)
+    assert {t.level for t in sets["in_domain"]} == set(range(len(mz.LEVELS)))
+    assert not {tuple(t.data["grid"]) for t in sets["train"]} & {tuple(t.data["grid"]) for t in sets["in_domain"]}
+    for t in sets["train"]:
+        lo, hi = mz.LEVELS[t.level][3]
+        assert lo <= t.data["dist"] <= hi
+    assert all(t.level is None and t.data["grid"][1].count(".") >= 3 for t in sets["ood"])
+
+
+def test_scripted_optimal_policy_wins_at_every_level_in_the_fewest_steps(adapter):
+    tasks = [next(t for t in adapter.sets["train"] if t.level == k) for k in range(len(mz.LEVELS))]
+    tasks += adapter.sets["ood"][:2]
+    groups = adapter.rollout(tasks, 2, ScriptedEngine(optimal), CFG)
+    for g in groups:
+        for ro in g.rollouts:
+            assert ro.outcome == 1 and len(ro.steps) == g.task.data["dist"], g.task.id
+            assert [st.label for st in ro.steps] == [1] * len(ro.steps)     # every step on a shortest path
+
+
+def test_labels_agree_with_the_solver_hand_worked():
+    grid = ["S.#", "..#", "#.G"]                 # BFS distances: S(0,0)=4, (0,1)=3, (1,0)=3, (1,1)=2, (2,1)=1
+    dist = mz.distances(grid)
+    assert dist[(0, 0)] == 4 and dist[(1, 1)] == 2 and (0, 2) not in dist
+    assert mz.step_label(dist, (0, 0), (0, 1)) == 1 and mz.step_label(dist, (0, 1), (0, 0)) == -1
+    assert mz.step_label(dist, (1, 1), (1, 0)) == -1 and mz.step_label(dist, (2, 1), (2, 2)) == 1
+    assert mz.step_label(dist, (0, 0), None) == -1                          # a wasted step
+    assert [name for name, _ in mz.moves_from(grid, (0, 1))] == ["down", "left"]   # walls and edges not offered
+
+
+def test_bad_answers_cost_a_step_and_the_episode_goes_on(adapter):
+    task = next(t for t in adapter.sets["train"] if t.level == 2)
+    cfg = SimpleNamespace(**{**vars(CFG), "max_turns": 3})
+    [g] = adapter.rollout([task], 2, ScriptedEngine(lambda p: "nine}"), cfg)
+    for ro in g.rollouts:
+        assert ro.outcome == -1 and len(ro.steps) == 3 and ro.info["invalid"] == 3
+        assert all(st.label == -1 for st in ro.steps)
+    assert "Move taken: none (no valid move number)" in g.rollouts[0].info["judge_prompts"][0]
+    [g] = adapter.rollout([task], 1, ScriptedEngine(lambda p: "7}"), cfg)   # a number with no such move
+    assert g.rollouts[0].info["invalid"] == 3
+
+
+def test_generated_rewrites_are_solver_checked(adapter):
+    root = adapter.sets["train"][0]
+    new = adapter.parse_rewrite(root, "Here: \\boxed{#####/#S..#/###G#}")
+    assert new.data["grid"] == ["#####", "#S..#", "###G#"] and new.data["dist"] == 3 and new.origin == "generated"
+    for bad in ("\\boxed{#####/#S#G#/#####}",      # no path
+                "\\boxed{S..G/S...}",               # two starts, no G on a line, ragged
+                "\\boxed{S.x/..G}",                 # unknown character
+                "\\boxed{" + "/".join(["S" + "." * 9] + ["." * 10] * 8 + ["." * 9 + "G"]) + "}",  # 10 × 10
+                "no box"):
+        assert adapter.parse_rewrite(root, bad) is None
+    eval_grid = adapter.sets["in_domain"][0].data["grid"]
+    assert adapter.parse_rewrite(root, "\\boxed{" + "/".join(eval_grid) + "}") is None   # never train on eval
+    prompt = adapter.rewrite_prompt(root, root, "harder", "rollout 0: not at the goal", 0.875)
+    assert "/".join(root.data["grid"]) in prompt and "success rate on it: 0.88" in prompt
+
+
+def test_variants_move_along_the_ladder(adapter):
+    t = next(t for t in adapter.sets["train"] if t.level == 2)
+    harder, easier = adapter.variant(t, "harder"), adapter.variant(t, "easier")
+    assert (harder.level, easier.level) == (3, 1) and harder.data["dist"] > t.data["dist"] > easier.data["dist"]
+    assert adapter.variant(harder, "harder").level == 4
+    top = next(t for t in adapter.sets["train"] if t.level == len(mz.LEVELS) - 1)
+    assert adapter.variant(top, "harder") is None and adapter.variant(adapter.sets["train"][0], "easier") is None
+    assert adapter.variant(adapter.sets["ood"][0], "easier") is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ablation", list(loop.ABLATIONS))
+def test_cli_two_iterations_each_ablation(tmp_path, ablation):
+    args = ["--task", "maze", "--model", "tiny", "--engine", "hf", "--iterations", "2", "--ablation", ablation,
+            "--tasks-per-iter", "2", "--group-size", "2", "--m", "2", "--max-turns", "3", "--rm-max-new-tokens", "8",
+            "--eval-tasks", "3", "--eval-samples", "2", "--eval-every", "0", "--runs-dir", str(tmp_path), "--name", "x"]
+    r = subprocess.run([sys.executable, str(ROOT / "loop.py"), *args], cwd=ROOT, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(x) for x in (tmp_path / "x" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["iteration"] for row in rows] == [0, 1, 2]
+    assert "eval/ood/success" in rows[0] and "eval/in_domain/success_se" in rows[-1]
+    assert ("eval/in_domain/process_acc" in rows[-1]) == (ablation != "grpo")
+    assert ("env/proposed" in rows[1]) == (ablation == "full")
