@@ -549,9 +549,9 @@ def _train(cfg: Config, run: Run) -> Path:
         plot_curve(run.metrics(), run.dir / "curve.png")
         run.commit(iteration)
 
-    if start == 0 and cfg.eval_every < 0:
+    if not cfg.resume and cfg.eval_every < 0:   # (a resumed run has iteration 0 committed already)
         finish(0, {})
-    elif start == 0:  # "before": evaluate the initial models, commit iteration 0
+    elif not cfg.resume:  # "before": evaluate the initial models, commit iteration 0
         llm.seed_everything(cfg.seed)
         t0 = time.perf_counter()
         results = evaluate(cfg, adapter, engines)

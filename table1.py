@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent
 
 
 def parse(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--task", default="maze", help="the setting (as loop.py --task)")
     p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per row")
     p.add_argument("--rows", default=",".join(loop.ABLATIONS), help="comma-separated Table 1 rows")
@@ -95,9 +95,15 @@ def load(args) -> dict:
 
 
 def eval_columns(runs: dict) -> list[str]:
-    """The eval/* keys the runs report (standard errors are shown next to their value, not as columns)."""
-    keys = {k for rows in runs.values() for r in rows for k in r if k.startswith("eval/") and not k.endswith("_se")}
-    return sorted(keys, key=lambda k: (k.split("/")[1], k))
+    """The eval/* keys the runs report, in the adapter's order (standard errors are shown next to their
+    value, not as columns)."""
+    by_set: dict[str, dict] = {}
+    for rows in runs.values():
+        for r in rows:
+            for k in r:
+                if k.startswith("eval/") and not k.endswith("_se"):
+                    by_set.setdefault(k.split("/")[1], {})[k] = None
+    return [k for cols in by_set.values() for k in cols]
 
 
 def last_eval(rows: list[dict]) -> dict:

@@ -8,7 +8,8 @@ Eq. 2 gives no advantage to a group that is all right or all wrong, so the colum
     python scripts/base_rates.py --task livebench --per-key 12
     python scripts/base_rates.py --task alfworld --per-key 4        # any loop flag passes through
 
-It samples only the training split (never an eval set) and prints a Markdown table.
+It samples only the training split and the variants reachable from it (never an eval set) and
+prints a Markdown table.
 """
 from __future__ import annotations
 
@@ -28,10 +29,25 @@ import tasks  # noqa: E402
 
 def key_of(task) -> str:
     """The row a task belongs to: its ladder level, page or task type."""
-    for k in ("task_type", "page"):
-        if k in task.data:
-            return str(task.data[k])
+    if "task_type" in task.data:
+        return task.data["task_type"]
+    if "page" in task.data:
+        return task.data["page"] + (" + hint" if task.data.get("hint") else "")
     return f"level {task.level}" if task.level is not None else "-"
+
+
+def ladder_pool(adapter) -> list:
+    """The training tasks and every variant E's `variants` mode can reach from them (so each ladder
+    level is measured, not only the level the slots start at)."""
+    pool, todo = {}, list(adapter.train_tasks())
+    while todo:
+        t = todo.pop()
+        if t.id in pool:
+            continue
+        pool[t.id] = t
+        if t.ladder is not None:       # ALFWorld's tasks have no ladder (its variants are planned on demand)
+            todo += [v for d in ("harder", "easier") if (v := adapter.variant(t, d)) is not None]
+    return list(pool.values())
 
 
 def main(argv=None) -> int:
@@ -42,7 +58,7 @@ def main(argv=None) -> int:
     adapter = tasks.get(cfg.task, cfg)
     rng = random.Random(cfg.seed)
     by_key = {}
-    for t in adapter.train_tasks():
+    for t in ladder_pool(adapter):
         by_key.setdefault(key_of(t), []).append(t)
     chosen = [t for ts in by_key.values() for t in (rng.sample(ts, args.per_key) if 0 < args.per_key < len(ts) else ts)]
     _, engines = loop.build_models(cfg, False, cfg.model, cfg.model)

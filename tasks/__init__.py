@@ -154,15 +154,16 @@ def agent_results(played: dict[str, list[Group]], rm, process: bool = True) -> d
     return out
 
 
-def judge_steps(groups: list[Group], engine, cfg) -> None:
+def judge_steps(groups: list[Group], engine, cfg, prefix: str = "") -> None:
     """R judges every step of every rollout m times (agent settings), in one batched call: each step's
-    judge prompt is in rollout.info["judge_prompts"]. Fills step.judgments and step.verdicts."""
+    judge prompt is in rollout.info["judge_prompts"]; `prefix` starts R's answer (the maze setting has
+    R answer its verdict straight away). Fills step.judgments and step.verdicts."""
     from llm import render_chat
     from reward_model import parse_verdict
 
     steps = [(st, p) for g in groups for ro in g.rollouts for st, p in zip(ro.steps, ro.info["judge_prompts"])]
-    outs = engine.generate([render_chat(engine.tokenizer, p) for _, p in steps], n=cfg.m,
-                           temperature=cfg.rm_temperature, top_p=cfg.rm_top_p, max_new_tokens=cfg.rm_max_new_tokens)
+    outs = prefilled(engine, [render_chat(engine.tokenizer, p) for _, p in steps], prefix, n=cfg.m,
+                     temperature=cfg.rm_temperature, top_p=cfg.rm_top_p, max_new_tokens=cfg.rm_max_new_tokens)
     for (st, _), judgments in zip(steps, outs):
         st.judgments = judgments
         st.verdicts = [parse_verdict(c.text) for c in judgments]  # S_{τ_i,j} ∈ {+1, −1, 0}

@@ -2,11 +2,13 @@
 laptop CPU in minutes. Not a setting of the paper; it has the shape of its agent settings (§4.1):
 multi-turn episodes, R judging every step, E moving tasks along a difficulty ladder.
 
+- Simplification, for a 135M model on a CPU: P's and R's answers are prefilled with "\\boxed{", so P
+  answers a move number and R a verdict straight away, without reasoning first.
 - A maze is a grid of '#' (wall), '.' (floor), 'S' (start) and 'G' (goal); outside the grid is
   wall. P sees the map with its position 'A', both coordinates, its last moves and the numbered
-  moves it can make (a move into a wall is not offered), and answers a number in \\boxed{}. The
-  answer is prefilled with "\\boxed{", as in the ALFWorld adapter. An unparseable answer is a
-  wasted step and the episode goes on. Outcome: the goal reached within `max_turns` steps.
+  moves it can make (a move into a wall is not offered), and answers a number. An unparseable
+  answer is a wasted step and the episode goes on. Outcome: the goal reached within `max_turns`
+  steps.
 - Exact step labels, computed the way ALFWorld's planner labels are: a step is good iff it reaches
   the goal or shortens the breadth-first-search distance to the goal by one (it lies on a shortest
   path). R's Process Acc is therefore exact here.
@@ -25,14 +27,15 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from llm import render_chat
-from tasks import ANSWER_PREFIX, Group, Rollout, Step, Task, agent_results, eval_groups, eval_subsets, judge_steps, play_turns
+from tasks import (ANSWER_PREFIX, Group, Rollout, Step, Task, agent_results, eval_groups, eval_subsets, judge_steps,
+                   play_turns)
 
-DEFAULTS = {  # the teaching setting's CPU defaults (each one a flag)
-    "tasks_per_iter": 8, "group_size": 8, "max_turns": 8, "max_new_tokens": 4, "m": 3, "rm_max_new_tokens": 24,
-    "temperature": 1.0, "top_p": 1.0, "rm_temperature": 0.8, "env_mode": "variants", "env_retries": 4,
-    "env_max_new_tokens": 48, "policy_steps": 2, "rm_steps": 2, "acc_lower": 0.0, "acc_upper": 1.0,
-    "drop_zero_adv": True, "iterations": 20, "eval_every": 5, "eval_samples": 4, "eval_temperature": 1.0,
-    "eval_tasks": 0, "lr": 2e-5, "rm_lr": 2e-5,
+DEFAULTS = {  # the teaching setting's CPU defaults (each one a flag); a run takes ~16 minutes (README)
+    "tasks_per_iter": 6, "group_size": 8, "max_turns": 8, "max_new_tokens": 3, "m": 3, "rm_max_new_tokens": 3,
+    "temperature": 1.0, "top_p": 1.0, "rm_temperature": 1.0, "rm_top_p": 1.0, "env_mode": "variants",
+    "env_retries": 4, "env_max_new_tokens": 64, "policy_steps": 2, "rm_steps": 2, "acc_lower": 1 / 8,
+    "acc_upper": 7 / 8, "drop_zero_adv": True, "iterations": 10, "eval_every": 5, "eval_samples": 2,
+    "eval_temperature": 1.0, "eval_tasks": 0, "micro_batch": 16, "max_train_samples": 32, "lr": 3e-5, "rm_lr": 3e-5,
 }
 HISTORY = 3
 MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
@@ -47,7 +50,7 @@ POLICY_PROMPT = """You walk through a grid maze to the goal. Map ('#' wall, '.' 
 You are at row {r}, column {c}. The goal is at row {gr}, column {gc}.
 {history}Moves:
 {moves}
-Choose the move that brings you closer to the goal. Reply with its number in \\boxed{{}}."""
+Choose the move that brings you closer to the goal. Reply with its number ({choices}) in \\boxed{{}}."""
 
 JUDGE_PROMPT = """A player walks through a grid maze to the goal at row {gr}, column {gc}.
 Before the step it was at row {r}, column {c}:
@@ -56,7 +59,7 @@ It answered: {response}
 Move taken: {action}
 After the step it is at row {r2}, column {c2}.
 
-Was this a good step towards the goal? Explain in one sentence, then answer \\boxed{{1}} (good) or \\boxed{{-1}} (bad)."""
+Was this a good step towards the goal? Answer \\boxed{{1}} (good) or \\boxed{{-1}} (bad)."""
 
 REWRITE_PROMPT = """You design grid mazes for a player who walks to the goal. Make the maze below {direction}: \
 {how}
@@ -216,8 +219,9 @@ class Adapter:
         (gr, gc), options = find(grid, "G"), moves_from(grid, ep.pos)
         moves = "\n".join(f"{i}. {name} → row {r}, column {c}" for i, (name, (r, c)) in enumerate(options, 1))
         history = f"Your last moves: {', '.join(ep.history[-HISTORY:])}\n" if ep.history else ""
+        choices = ", ".join(str(i) for i in range(1, len(options) + 1))
         return render_chat(tokenizer, POLICY_PROMPT.format(map=render(grid, ep.pos), r=ep.pos[0], c=ep.pos[1], gr=gr,
-                                                           gc=gc, history=history, moves=moves))
+                                                           gc=gc, history=history, moves=moves, choices=choices))
 
     def _act(self, ep: Episode, prompt: str, completion) -> None:
         grid = ep.task.data["grid"]
@@ -252,7 +256,7 @@ class Adapter:
                           for ep in episodes[k * G:(k + 1) * G]]) for k, t in enumerate(tasks)]
 
     def judge(self, groups: list[Group], engine, cfg) -> None:
-        judge_steps(groups, engine, cfg)
+        judge_steps(groups, engine, cfg, prefix=ANSWER_PREFIX)
 
     def evaluate(self, sets: dict[str, list[Task]], policy, rm, cfg) -> dict:
         """Success per eval set, and with R: Process Acc (exact labels) and Outcome Acc."""

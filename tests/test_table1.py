@@ -1,0 +1,62 @@
+"""table1.py on the tiny model: 2 rows × 2 seeds × 2 iterations, killed mid-study and resumed, then
+the table (mean ± std over seeds, per-seed values with their standard errors) and its figure."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import table1
+
+ROOT = Path(__file__).resolve().parent.parent
+FLAGS = ["--task", "maze", "--seeds", "2", "--rows", "grpo,full", "--model", "tiny", "--engine", "hf",
+         "--iterations", "2", "--eval-every", "0", "--tasks-per-iter", "2", "--group-size", "2", "--m", "2",
+         "--max-turns", "3", "--eval-tasks", "3", "--eval-samples", "2"]
+
+
+def study(tmp_path, **kw):
+    return subprocess.Popen([sys.executable, str(ROOT / "table1.py"), *FLAGS, "--runs-dir", str(tmp_path)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, **kw)
+
+
+@pytest.mark.slow
+def test_study_resumes_after_a_kill_and_prints_table1(tmp_path):
+    runs = tmp_path / "table1-maze"
+    proc = study(tmp_path)
+    deadline = time.time() + 600
+    while time.time() < deadline and not (runs / "full-s0" / "ckpt" / "state.json").exists():
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)               # the study and its running cell, mid-iteration
+    proc.wait()
+    assert json.loads((runs / "grpo-s0" / "ckpt" / "state.json").read_text()) == {"iteration": 2}
+    killed = json.loads((runs / "full-s0" / "ckpt" / "state.json").read_text())["iteration"]
+    assert killed < 2
+    proc = study(tmp_path)
+    out, _ = proc.communicate(timeout=1200)
+    assert proc.returncode == 0, out[-3000:]
+    assert "grpo-s0: finished, skipped" in out and "full-s0: resuming" in out and "grpo-s1: starting" in out
+    for cell in ("grpo-s0", "full-s0", "grpo-s1", "full-s1"):
+        rows = [json.loads(x) for x in (runs / cell / "metrics.jsonl").read_text().splitlines()]
+        assert [r["iteration"] for r in rows] == [0, 1, 2]          # the resumed cell lost and repeated nothing
+    lines = [line for line in out.splitlines() if line.startswith("|")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert head[:4] == ["row", "iteration", "in_domain/success", "in_domain/process_acc"] and "ood/success" in head
+    body = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")] for line in lines[2:]}
+    assert set(body) == {"before", "grpo", "full"}
+    success = body["full"][head.index("in_domain/success")]
+    assert " ± " in success and success.count("±") == 3               # mean ± std (seed 0 ± se, seed 1 ± se)
+    assert body["grpo"][head.index("in_domain/process_acc")] == "-"   # grpo has no R
+    assert (runs / "table1.png").stat().st_size > 5000
+    again = subprocess.run([sys.executable, str(ROOT / "table1.py"), *FLAGS, "--runs-dir", str(tmp_path),
+                            "--report-only"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and [x for x in again.stdout.splitlines() if x.startswith("|")] == lines
+
+
+def test_bad_rows_and_reserved_flags_are_refused(tmp_path):
+    for extra in (["--rows", "grpo,nope"], ["--seed", "3"], ["--name", "x"]):
+        with pytest.raises(SystemExit):
+            table1.parse([*extra, "--runs-dir", str(tmp_path)])
