@@ -32,7 +32,7 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from llm import prefilled, render_chat
-from tasks import Group, Task
+from tasks import ANSWER_PREFIX, Group, Task
 
 ALPHA_LOW, ALPHA_HIGH = 0.2, 0.8
 SUMMARY_MAX_NEW_TOKENS = 96  # E's failure summaries (CPU scale; the released E writes up to 8192 tokens, reasoning included)
@@ -107,7 +107,7 @@ def critic_feedback(groups: list[Group], adapter, engine=None, *, temperature: f
     if engine is None or not hasattr(adapter, "summary_prompt"):
         return ["\n".join(p for p in (adapter.feedback(g), _risky_text(g)) if p) for g in groups]
     jobs = [(i, r, adapter.summary_prompt(g, r, steps)) for i, g in enumerate(groups) for r, steps in high_risk_steps(g)]
-    outs = prefilled(engine, [render_chat(engine.tokenizer, p) for _, _, p in jobs], "\\boxed{", n=1,
+    outs = prefilled(engine, [render_chat(engine.tokenizer, p) for _, _, p in jobs], ANSWER_PREFIX, n=1,
                      temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, desc="E summarizes")
     lines = [[] for _ in groups]
     for (i, r, _), (c,) in zip(jobs, outs):

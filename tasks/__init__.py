@@ -11,11 +11,15 @@ functions over them. An adapter (one per setting) provides:
     judge(groups, engine, cfg) -> None              R fills step.verdicts / step.judgments / group.tests
     evaluate(sets, policy, rm, cfg) -> dict         the paper's Table 1 columns for this setting
     variant(task, direction) -> Task | None         `variants` mode of E: the next easier/harder variant
-    rewrite_prompt(task, direction, feedback) -> str, parse_rewrite(task, text) -> Task | None
+    rewrite_prompt(root, active, direction, feedback, acc) -> str, parse_rewrite(root, text) -> Task | None
                                                     `generate` mode of E: E's prompt, and validation
-    feedback(group) -> str                          critic feedback for E (Eq. 4)
+    feedback(group) -> str                          critic feedback for E (Eq. 4), or instead
+    summary_prompt(group, r, risky) -> str          (optional) E's prompt to summarize failed rollout r
+                                                    given R's high-risk steps; the summaries are then
+                                                    the feedback (environment.critic_feedback)
     judge_kind: "steps" (R judges each step, Eq. 3) or "tests" (R writes unit tests, coding)
     DEFAULTS (module level, optional): the setting's CPU defaults for loop.Config fields
+    REFERENCE (module level, optional): the released code's values, for --preset reference
     timings: dict                                   the loop's per-iteration timings; the adapter adds
                                                     its environment's share (sandbox, engine, browser)
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 import importlib
 import math
 import random
+import re
 import statistics
 import time
 from contextlib import contextmanager
@@ -122,6 +127,13 @@ def eval_subsets(splits: dict[str, list[Task]], n: int, seed: int) -> dict[str, 
 
 
 ANSWER_PREFIX = "\\boxed{"   # the agent settings prefill P's answer with it: a 135M model otherwise rarely boxes one
+_BOXED_INT = re.compile(r"\\boxed\{\s*(\d+)\s*\}")
+
+
+def parse_choice(text: str, n: int) -> int | None:
+    """The 1-based index in the last \\boxed{k} of an answer, if 1 <= k <= n (a numbered-menu action)."""
+    found = _BOXED_INT.findall(text)
+    return int(found[-1]) if found and 1 <= int(found[-1]) <= n else None
 
 
 def play_turns(episodes: list, over, prompt_of, act_all, engine, cfg, temperature: float | None,

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from llm import render_chat
 from tasks import (ANSWER_PREFIX, Group, Rollout, Step, Task, TaskError, agent_results, eval_groups, eval_subsets,
-                   judge_steps, play_turns, stage)
+                   judge_steps, parse_choice, play_turns, stage)
 from tasks import alfworld_games as games
 
 DEFAULTS = {  # CPU defaults for this setting (each one a flag); --help shows the released value next to each
@@ -103,14 +103,7 @@ What happened:
 {trajectory}
 In at most two sentences, say the most likely reasons it failed. Put the summary in \\boxed{{}}."""
 
-_BOXED_INT = re.compile(r"\\boxed\{\s*(\d+)\s*\}")
 _BOXED_PAIR = re.compile(r"\\boxed\{([^{}]*)\}")
-
-
-def parse_choice(text: str, n: int) -> int | None:
-    """The 1-based index in the last \\boxed{k} of an answer, if 1 <= k <= n."""
-    found = _BOXED_INT.findall(text)
-    return int(found[-1]) if found and 1 <= int(found[-1]) <= n else None
 
 
 def step_label(plan_before: list[str], plan_after: list[str], won: bool) -> int:

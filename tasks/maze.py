@@ -22,13 +22,12 @@ multi-turn episodes, R judging every step, E moving tasks along a difficulty lad
 from __future__ import annotations
 
 import random
-import re
 from collections import deque
 from dataclasses import dataclass, field
 
 from llm import render_chat
 from tasks import (ANSWER_PREFIX, Group, Rollout, Step, Task, agent_results, eval_groups, eval_subsets, judge_steps,
-                   play_turns)
+                   parse_choice, play_turns)
 
 DEFAULTS = {  # the teaching setting's CPU defaults (each one a flag); a run takes ~16 minutes (README)
     "tasks_per_iter": 6, "group_size": 8, "max_turns": 8, "max_new_tokens": 3, "m": 3, "rm_max_new_tokens": 3,
@@ -71,9 +70,6 @@ What the critics saw:
 {feedback}
 
 Answer with the new maze in \\boxed{{}}, rows separated by '/', for example \\boxed{{#####/#S.G#/#####}}."""
-
-_BOXED_INT = re.compile(r"\\boxed\{\s*(\d+)\s*\}")
-
 
 # ───────────────────────────── mazes ─────────────────────────────
 
@@ -157,12 +153,6 @@ def maze_sets() -> dict[str, list[Task]]:
     sets["ood"] = [maze_task(corridor_maze(5 + s % 4, random.Random(f"ood/{s}")), f"ood/corridor/s{s}", None, "ood")
                    for s in EVAL_SEEDS]
     return sets
-
-
-def parse_choice(text: str, n: int) -> int | None:
-    """The 1-based index in the last \\boxed{k} of an answer, if 1 <= k <= n."""
-    found = _BOXED_INT.findall(text)
-    return int(found[-1]) if found and 1 <= int(found[-1]) <= n else None
 
 
 def parse_maze(text: str) -> list[str] | None:
