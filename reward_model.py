@@ -129,6 +129,9 @@ def agent_metrics(rollouts) -> dict:
     Process Acc: share of labelled steps whose majority verdict equals the ground-truth label (±1);
     a tie counts as a miss. Outcome Acc: share of rollouts where the sign of the mean step score
     (the mean over steps of the mean verdict) equals the outcome; 0 counts as a miss.
+    Not in the paper, to read Process Acc against: process_majority, the share of the more common
+    label (what an R that always gives that verdict scores), and process_bacc, the mean of the
+    per-label hit rates (0.5 for such an R, whatever the label mix).
     """
     steps = [st for ro in rollouts for st in ro.steps if st.label is not None and st.verdicts]
     scored = [ro for ro in rollouts if ro.steps and all(st.verdicts for st in ro.steps)]
@@ -137,8 +140,13 @@ def agent_metrics(rollouts) -> dict:
     for ro in scored:
         score = sum(sum(st.verdicts) / len(st.verdicts) for st in ro.steps) / len(ro.steps)
         outcome_hits += (score > 0) - (score < 0) == ro.outcome
-    return {"process_acc": hits / len(steps) if steps else float("nan"),
-            "outcome_acc": outcome_hits / len(scored) if scored else float("nan")}
+    by_label = [[majority(st.verdicts) == st.label for st in steps if st.label == y] for y in (1, -1)]
+    recalls = [sum(h) / len(h) for h in by_label if h]
+    nan = float("nan")
+    return {"process_acc": hits / len(steps) if steps else nan,
+            "process_majority": max(map(len, by_label)) / len(steps) if steps else nan,
+            "process_bacc": sum(recalls) / len(recalls) if recalls else nan,
+            "outcome_acc": outcome_hits / len(scored) if scored else nan}
 
 
 def rm_samples(groups, kind: str, acc_range: tuple[float, float] = RM_ACC_RANGE, drop_zero: bool = True) -> list[Sample]:

@@ -57,10 +57,11 @@ def cell_args(args, row: str, seed: int) -> list[str]:
 
 
 def finished(run: Path, iterations: int) -> bool:
-    state = run / "ckpt" / "state.json"
+    """The run logged its last iteration (a study kept as metrics only, without checkpoints, counts too)."""
     try:
-        return json.loads(state.read_text())["iteration"] >= iterations
-    except (OSError, json.JSONDecodeError, KeyError):
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        return bool(rows) and rows[-1]["iteration"] >= iterations
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
         return False
 
 
@@ -74,7 +75,8 @@ def run_study(args) -> None:
                 print(f"[table1] {cfg.name}: finished, skipped", flush=True)
                 continue
             resume = (run / "config.json").exists()
-            cmd = [sys.executable, str(ROOT / "loop.py"), *cell_args(args, row, seed), *(["--resume"] if resume else [])]
+            cmd = [sys.executable, str(ROOT / "loop.py"), *cell_args(args, row, seed),
+                   *(["--resume"] if resume else [])]
             print(f"[table1] {cfg.name}: {'resuming' if resume else 'starting'}", flush=True)
             t0 = time.perf_counter()
             code = subprocess.call(cmd, cwd=ROOT)
@@ -144,6 +146,37 @@ def table(args, runs: dict) -> str:
     return "\n".join(lines)
 
 
+def dynamics(args, runs: dict) -> str:
+    """Markdown: what each row did while training, mean over seeds (per-seed values in brackets):
+    training accuracy over the first and the last third of the iterations, P's and R's training
+    samples per iteration, R's mean verdict, and E's rewrites (accepted / decided) summed over the run."""
+    def per_seed(row, fn):
+        vals = [fn([r for r in runs[row, s] if r["iteration"] > 0]) for s in range(args.seeds) if (row, s) in runs]
+        vals = [v for v in vals if not math.isnan(v)]
+        return f"{statistics.fmean(vals):.2f} [" + ", ".join(f"{v:.2f}" for v in vals) + "]" if vals else "-"
+
+    def third(rows, key, last):
+        k = max(1, len(rows) // 3)
+        xs = [r[key] for r in (rows[-k:] if last else rows[:k]) if key in r and not math.isnan(r[key])]
+        return statistics.fmean(xs) if xs else float("nan")
+
+    def total(key):
+        return lambda rows: float(sum(r.get(key, 0) for r in rows)) if any(key in r for r in rows) else float("nan")
+
+    def mean(key):
+        return lambda rows: statistics.fmean(r[key] for r in rows) if rows else float("nan")
+
+    cols = {"train acc, first third": lambda rows: third(rows, "train/acc", False),
+            "train acc, last third": lambda rows: third(rows, "train/acc", True),
+            "P samples/it": mean("train/policy_samples"), "R samples/it": mean("train/rm_samples"),
+            "R mean verdict, last third": lambda rows: third(rows, "train/verdict_mean", True),
+            "E accepted": total("env/accepted"), "E rejected": total("env/rejected")}
+    lines = ["| row | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
+    for row in args.rows:
+        lines.append(f"| {row} | " + " | ".join(per_seed(row, fn) for fn in cols.values()) + " |")
+    return "\n".join(lines)
+
+
 def figure(args, runs: dict, path: Path) -> None:
     """Eval accuracy per iteration (one panel per eval set's first column), each row's mean over
     seeds as a line and its min–max over seeds as a band."""
@@ -193,6 +226,8 @@ def main(argv=None) -> int:
         print(f"error: no runs under {args.dir}", file=sys.stderr)
         return 2
     print(table(args, runs))
+    print()
+    print(dynamics(args, runs))
     figure(args, runs, args.dir / "table1.png")
     print(f"[table1] figure: {args.dir / 'table1.png'}")
     return 0

@@ -153,7 +153,8 @@ def play_turns(episodes: list, over, prompt_of, act_all, engine, cfg, temperatur
 
 def agent_results(played: dict[str, list[Group]], rm, process: bool = True) -> dict:
     """The Table 1 columns of an agent setting, per eval set: success (± its standard error), and with
-    R its Outcome Acc, and its Process Acc where steps carry ground-truth labels."""
+    R its Outcome Acc, and its Process Acc where steps carry ground-truth labels (with the two
+    references of reward_model.agent_metrics: the majority label's share and the balanced accuracy)."""
     from reward_model import agent_metrics
     out = {}
     for name, mine in played.items():
@@ -161,7 +162,7 @@ def agent_results(played: dict[str, list[Group]], rm, process: bool = True) -> d
         if rm is not None:
             m = agent_metrics([ro for g in mine for ro in g.rollouts])
             if process:
-                out[f"{name}/process_acc"] = m["process_acc"]
+                out |= {f"{name}/{k}": m[k] for k in ("process_acc", "process_majority", "process_bacc")}
             out[f"{name}/outcome_acc"] = m["outcome_acc"]
     return out
 

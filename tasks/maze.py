@@ -5,17 +5,19 @@ multi-turn episodes, R judging every step, E moving tasks along a difficulty lad
 - Simplification, for a 135M model on a CPU: P's and R's answers are prefilled with "\\boxed{", so P
   answers a move number and R a verdict straight away, without reasoning first.
 - A maze is a grid of '#' (wall), '.' (floor), 'S' (start) and 'G' (goal); outside the grid is
-  wall. P sees the map with its position 'A', both coordinates, its last moves and the numbered
-  moves it can make (a move into a wall is not offered), and answers a number. An unparseable
-  answer is a wasted step and the episode goes on. Outcome: the goal reached within `max_turns`
-  steps.
+  wall. P sees the map, the goal's and its own coordinates, its last moves and the numbered moves
+  it can make with the cell each leads to (a move into a wall is not offered), and answers a
+  number. An unparseable answer is a wasted step and the episode goes on. Outcome: the goal reached
+  within `max_turns` steps.
 - Exact step labels, computed the way ALFWorld's planner labels are: a step is good iff it reaches
   the goal or shortens the breadth-first-search distance to the goal by one (it lies on a shortest
   path). R's Process Acc is therefore exact here.
 - Difficulty ladder, for E's `variants` mode: LEVELS, from a 3×3 room with the goal next to the
-  start to a 7×7 maze with walls and a long shortest path; a variant is the training maze at the
-  same position one level up or down. In `generate` mode E draws a new maze in \\boxed{} (rows
-  separated by '/'); it is kept only if the solver (BFS) finds a path and it is no eval maze.
+  start to a 5×5 maze with walls and a shortest path of 4-6 steps (larger mazes were measured at 0%
+  success for the initial model: no signal for any part, only cost; see the README's base rates);
+  a variant is the training maze at the same position one level up or down. In `generate` mode E
+  draws a new maze in \\boxed{} (rows separated by '/'); it is kept only if the solver (BFS) finds
+  a path and it is no eval maze.
 - Splits: train = LEVELS × TRAIN_SEEDS; in-domain eval = the same levels, other seeds; OOD eval =
   mazes of a layout never trained on (a long corridor with side pockets).
 """
@@ -29,31 +31,35 @@ from llm import render_chat
 from tasks import (ANSWER_PREFIX, Group, Rollout, Step, Task, agent_results, eval_groups, eval_subsets, judge_steps,
                    parse_choice, play_turns)
 
-DEFAULTS = {  # the teaching setting's CPU defaults (each one a flag); a run takes ~16 minutes (README)
-    "tasks_per_iter": 6, "group_size": 8, "max_turns": 8, "max_new_tokens": 3, "m": 3, "rm_max_new_tokens": 3,
+DEFAULTS = {  # the teaching setting's CPU defaults (each one a flag); run times are in the README
+    "tasks_per_iter": 6, "group_size": 8, "max_turns": 6, "max_new_tokens": 3, "m": 3, "rm_max_new_tokens": 3,
     "temperature": 1.0, "top_p": 1.0, "rm_temperature": 1.0, "rm_top_p": 1.0, "env_mode": "variants",
     "env_retries": 4, "env_max_new_tokens": 64, "policy_steps": 2, "rm_steps": 2, "acc_lower": 1 / 8,
-    "acc_upper": 7 / 8, "drop_zero_adv": True, "iterations": 10, "eval_every": 5, "eval_samples": 2,
+    "acc_upper": 7 / 8, "drop_zero_adv": True, "iterations": 8, "eval_every": 4, "eval_samples": 2,
     "eval_temperature": 1.0, "eval_tasks": 0, "micro_batch": 16, "max_train_samples": 32, "lr": 3e-5, "rm_lr": 3e-5,
+    "grad_checkpointing": False,
 }
 HISTORY = 3
 MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 # (rows, cols, walls, shortest-path length range): easy → hard
-LEVELS = [(3, 3, 0, (1, 1)), (3, 3, 0, (2, 2)), (4, 4, 0, (3, 4)), (5, 5, 3, (4, 6)), (6, 6, 6, (6, 8)),
-          (7, 7, 10, (8, 12))]
-TRAIN_SEEDS, EVAL_SEEDS = range(0, 12), range(1000, 1008)
+LEVELS = [(3, 3, 0, (1, 1)), (3, 3, 0, (2, 2)), (4, 4, 0, (3, 4)), (5, 5, 3, (4, 6))]
+TRAIN_SEEDS, EVAL_SEEDS = range(0, 12), range(1000, 1012)
 MAX_SIDE = 9                 # E's mazes: at most 9 × 9
 
-POLICY_PROMPT = """You walk through a grid maze to the goal. Map ('#' wall, '.' floor, 'A' you, 'G' goal):
+# P's and R's prompts start with what is fixed for the maze (the map, the goal) and end with what
+# changes per step, so the engine's prefix cache serves the shared start of every step's prompt.
+POLICY_PROMPT = """You walk through a grid maze to the goal. Map ('#' wall, '.' floor, 'S' start, 'G' goal):
 {map}
-You are at row {r}, column {c}. The goal is at row {gr}, column {gc}.
+The goal is at row {gr}, column {gc}.
+You are at row {r}, column {c}.
 {history}Moves:
 {moves}
 Choose the move that brings you closer to the goal. Reply with its number ({choices}) in \\boxed{{}}."""
 
-JUDGE_PROMPT = """A player walks through a grid maze to the goal at row {gr}, column {gc}.
-Before the step it was at row {r}, column {c}:
+JUDGE_PROMPT = """A player walks through a grid maze to the goal at row {gr}, column {gc}. \
+Map ('#' wall, '.' floor, 'S' start, 'G' goal):
 {map}
+Before the step it was at row {r}, column {c}.
 It answered: {response}
 Move taken: {action}
 After the step it is at row {r2}, column {c2}.
@@ -150,8 +156,8 @@ def maze_sets() -> dict[str, list[Task]]:
                 seen.add(grid)
                 sets[split].append(maze_task(list(grid), f"{split}/L{k}/s{s}", k, split))
                 s += 1
-    sets["ood"] = [maze_task(corridor_maze(5 + s % 4, random.Random(f"ood/{s}")), f"ood/corridor/s{s}", None, "ood")
-                   for s in EVAL_SEEDS]
+    sets["ood"] = [maze_task(corridor_maze(4 + s % 3, random.Random(f"ood/{s}")), f"ood/corridor/s{s}", None, "ood")
+                   for s in EVAL_SEEDS[:8]]
     return sets
 
 
@@ -183,12 +189,6 @@ class Episode:
     invalid: int = 0
 
 
-def render(grid: list[str], pos: tuple[int, int]) -> str:
-    rows = [row.replace("S", ".") for row in grid]
-    rows[pos[0]] = rows[pos[0]][:pos[1]] + "A" + rows[pos[0]][pos[1] + 1:]
-    return "\n".join(rows)
-
-
 class Adapter:
     """Grid mazes: multi-turn episodes, exact step labels, a difficulty ladder, solver-checked rewrites."""
 
@@ -210,7 +210,7 @@ class Adapter:
         moves = "\n".join(f"{i}. {name} → row {r}, column {c}" for i, (name, (r, c)) in enumerate(options, 1))
         history = f"Your last moves: {', '.join(ep.history[-HISTORY:])}\n" if ep.history else ""
         choices = ", ".join(str(i) for i in range(1, len(options) + 1))
-        return render_chat(tokenizer, POLICY_PROMPT.format(map=render(grid, ep.pos), r=ep.pos[0], c=ep.pos[1], gr=gr,
+        return render_chat(tokenizer, POLICY_PROMPT.format(map="\n".join(grid), r=ep.pos[0], c=ep.pos[1], gr=gr,
                                                            gc=gc, history=history, moves=moves, choices=choices))
 
     def _act(self, ep: Episode, prompt: str, completion) -> None:
@@ -226,7 +226,7 @@ class Adapter:
             ep.pos = after
             ep.won = grid[after[0]][after[1]] == "G"
         gr, gc = find(grid, "G")
-        ep.judge_prompts.append(JUDGE_PROMPT.format(gr=gr, gc=gc, r=before[0], c=before[1], map=render(grid, before),
+        ep.judge_prompts.append(JUDGE_PROMPT.format(gr=gr, gc=gc, r=before[0], c=before[1], map="\n".join(grid),
                                                     response=completion.text.strip()[:200], action=action,
                                                     r2=ep.pos[0], c2=ep.pos[1]))
         ep.steps.append(Step(prompt, completion.prompt_ids, completion.text, completion.ids,

@@ -249,7 +249,9 @@ def test_agent_metrics_hand_worked():
     won = Rollout("t", [st([1, 1, 1], 1), st([1, -1, -1], 1)], 1)   # majorities +1 (hit), −1 (miss)
     lost = Rollout("t", [st([-1, -1, 1], -1), st([1, -1], 1)], -1)  # −1 (hit), tie (miss)
     # step scores: won 1 and −1/3 → mean 1/3 > 0 = outcome (hit); lost −1/3 and 0 → −1/6 < 0 (hit)
-    assert agent_metrics([won, lost]) == {"process_acc": 0.5, "outcome_acc": 1.0}
+    # labels +1: 3 steps, 1 hit; −1: 1 step, 1 hit → majority label share 3/4, balanced (1/3 + 1)/2
+    assert agent_metrics([won, lost]) == {"process_acc": 0.5, "process_majority": 0.75,
+                                          "process_bacc": (1 / 3 + 1) / 2, "outcome_acc": 1.0}
     g = Group(None, [won, lost])
     assert g.acc == 0.5
 

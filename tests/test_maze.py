@@ -32,8 +32,7 @@ class ScriptedEngine:
 
 def optimal(prompt: str) -> str:
     """Reads the map and the numbered moves from P's prompt and answers a move on a shortest path."""
-    lines = prompt.split("'G' goal):\n")[1].split("\nYou are at")[0].splitlines()
-    grid = [row.replace("A", ".") for row in lines]
+    grid = prompt.split("'G' goal):\n")[1].split("\nThe goal is at")[0].splitlines()
     dist = mz.distances(grid)
     moves = re.findall(r"(\d+)\. \w+ → row (\d+), column (\d+)", prompt)
     best = min(moves, key=lambda m: dist.get((int(m[1]), int(m[2])), 10**9))
@@ -53,7 +52,7 @@ def test_splits_and_ladder_shapes(adapter):
     for t in sets["train"]:
         lo, hi = mz.LEVELS[t.level][3]
         assert lo <= t.data["dist"] <= hi
-    assert all(t.level is None and t.data["grid"][1].count(".") >= 3 for t in sets["ood"])
+    assert all(t.level is None and t.data["grid"][1].count(".") >= 2 for t in sets["ood"])
 
 
 def test_scripted_optimal_policy_wins_at_every_level_in_the_fewest_steps(adapter):
@@ -108,7 +107,7 @@ def test_variants_move_along_the_ladder(adapter):
     t = next(t for t in adapter.sets["train"] if t.level == 2)
     harder, easier = adapter.variant(t, "harder"), adapter.variant(t, "easier")
     assert (harder.level, easier.level) == (3, 1) and harder.data["dist"] > t.data["dist"] > easier.data["dist"]
-    assert adapter.variant(harder, "harder").level == 4
+    assert adapter.variant(easier, "easier").level == 0
     top = next(t for t in adapter.sets["train"] if t.level == len(mz.LEVELS) - 1)
     assert adapter.variant(top, "harder") is None and adapter.variant(adapter.sets["train"][0], "easier") is None
     assert adapter.variant(adapter.sets["ood"][0], "easier") is None
