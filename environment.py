@@ -31,8 +31,8 @@ import random
 import re
 from dataclasses import asdict, dataclass, field
 
-from llm import prefilled, render_chat
-from tasks import ANSWER_PREFIX, Group, Task
+from engines import ANSWER_PREFIX, prefilled, render_chat
+from records import Group, Task
 
 ALPHA_LOW, ALPHA_HIGH = 0.2, 0.8
 SUMMARY_MAX_NEW_TOKENS = 96  # E's failure summaries (CPU scale; the released E writes up to 8192 tokens, reasoning included)

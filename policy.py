@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 
-from llm import Sample
+from records import Group, Sample
 
 POLICY_ACC_RANGE = (1 / 8, 7 / 8)  # tasks outside it are left out of policy training (ALFWorld's; each setting sets its own)
 
@@ -54,9 +54,11 @@ def step_advantages(rewards: list[list[float]], keep_single: bool = True) -> lis
     return adv
 
 
-def policy_samples(groups, lam: float = 1.0, keep_single: bool = True, reward: str = "integrated",
-                   acc_range: tuple[float, float] = POLICY_ACC_RANGE, drop_zero: bool = True) -> list[Sample]:
-    """Eq. 1 → Eq. 2 → samples. Fills step.reward and step.advantage on every group.
+def policy_samples(groups: list[Group], lam: float = 1.0, keep_single: bool = True, reward: str = "integrated",
+                   acc_range: tuple[float, float] = POLICY_ACC_RANGE,
+                   drop_zero: bool = True) -> tuple[list[Sample], list[list[list[float]]]]:
+    """Eq. 1 → Eq. 2 → samples, and every step's reward R_{τ_i} ([group][rollout][step]), which R's
+    consistency reward (Eq. 3) needs. Also records step.reward and step.advantage, for the logs.
 
     reward="reference" uses the rollout's graded score (coding: the share of GT tests passed, as the
     released code does) instead of Eq. 1; z-scored over the group like any single-step reward.
@@ -64,17 +66,17 @@ def policy_samples(groups, lam: float = 1.0, keep_single: bool = True, reward: s
     drop_zero (the released code drops them in ALFWorld and OSWorld and keeps them in coding, where
     they still count in the loss's batch mean and its KL term).
     """
-    samples = []
+    samples, step_rewards = [], []
     for g in groups:
-        for ro in g.rollouts:
-            for st in ro.steps:
-                st.reward = ro.score if reward == "reference" else integrated_reward(ro.outcome, st.verdicts, lam)
-        adv = step_advantages([[st.reward for st in ro.steps] for ro in g.rollouts], keep_single)
-        for ro, row in zip(g.rollouts, adv):
-            for st, a in zip(ro.steps, row):
-                st.advantage = a
+        rewards = [[ro.score if reward == "reference" else integrated_reward(ro.outcome, st.verdicts, lam)  # Eq. 1
+                    for st in ro.steps] for ro in g.rollouts]
+        adv = step_advantages(rewards, keep_single)                                                         # Eq. 2
+        for ro, r_row, a_row in zip(g.rollouts, rewards, adv):
+            for st, r, a in zip(ro.steps, r_row, a_row):
+                st.reward, st.advantage = r, a
+        step_rewards.append(rewards)
         if not acc_range[0] <= g.acc <= acc_range[1]:
             continue
         samples += [Sample(st.prompt_ids, st.response_ids, st.advantage)
                     for ro in g.rollouts for st in ro.steps if st.response_ids and not (drop_zero and st.advantage == 0)]
-    return samples
+    return samples, step_rewards

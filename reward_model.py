@@ -16,60 +16,35 @@ from __future__ import annotations
 
 import re
 
-from llm import Sample
+from engines import boxed, prefilled, render_chat
 from policy import zscore
+from records import Group, Sample
 
 RM_ACC_RANGE = (0.2, 0.8)  # only tasks with acc in this range feed reward-model training (Eq. 3)
 UNPARSEABLE_REWARD = -2.0  # Eq. 3 reward of a judgment with no valid verdict
 
-_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 _TEST = re.compile(r"input[^\n\w]*\s*(?:```[^\n`]*\n(?P<fin>.*?)```|(?P<pin>.*?))\s*"
                    r"(?:\*\*|#+\s*)?(?:expected\s+)?output[^\n\w]*\s*(?:```[^\n`]*\n(?P<fout>.*?)```|(?P<pout>[^\n]*))",
                    re.DOTALL | re.IGNORECASE)
 
-TEST_WRITER_PROMPT = """Write one unit test for the programming problem below: an input that a wrong
-program could get wrong, and the exact output a correct program prints for it.
-
-Answer in exactly this format and nothing else. For example, for "read two integers, print their sum":
-Input:
-```
-3 4
-```
-Output:
-```
-7
-```
-
-Problem:
-{problem}
-"""
-
-FUNCTIONAL_TEST_WRITER_PROMPT = """Write one unit test for the Python function below: arguments that a wrong
-implementation could get wrong, and the exact value a correct one returns.
-
-Answer in exactly this format and nothing else, one JSON value per argument line. For example, for
-"def add(a: int, b: int) -> int":
-Input:
-```
-3
-4
-```
-Output:
-```
-7
-```
-
-Function:
-{problem}
-"""
-
-
 def parse_verdict(text: str) -> int:
     """+1 or −1 when the text holds exactly one \\boxed{} and it is 1, +1 or −1; else 0."""
-    boxes = _BOXED.findall(text)
+    boxes = boxed(text)
     if len(boxes) != 1:
         return 0
     return {"1": 1, "+1": 1, "-1": -1}.get(boxes[0].strip(), 0)
+
+
+def judge_steps(groups: list[Group], engine, cfg, prefix: str = "") -> None:
+    """R judges every step of every rollout m times (agent settings), in one batched call: each step's
+    `judge_prompt` is what R reads; `prefix` starts R's answer (the maze setting has R answer its
+    verdict straight away). Fills step.judgments and step.verdicts."""
+    steps = [st for g in groups for ro in g.rollouts for st in ro.steps]
+    outs = prefilled(engine, [render_chat(engine.tokenizer, st.judge_prompt) for st in steps], prefix, n=cfg.m,
+                     temperature=cfg.rm_temperature, top_p=cfg.rm_top_p, max_new_tokens=cfg.rm_max_new_tokens)
+    for st, judgments in zip(steps, outs):
+        st.judgments = judgments
+        st.verdicts = [parse_verdict(c.text) for c in judgments]  # S_{τ_i,j} ∈ {+1, −1, 0}
 
 
 def consistency_rewards(step_reward: float, verdicts: list[int]) -> list[float] | None:
@@ -149,8 +124,10 @@ def agent_metrics(rollouts) -> dict:
             "outcome_acc": outcome_hits / len(scored) if scored else nan}
 
 
-def rm_samples(groups, kind: str, acc_range: tuple[float, float] = RM_ACC_RANGE, drop_zero: bool = True) -> list[Sample]:
-    """Training samples for R from one iteration (run after policy.policy_samples filled step.reward).
+def rm_samples(groups: list[Group], step_rewards: list[list[list[float]]], kind: str,
+               acc_range: tuple[float, float] = RM_ACC_RANGE, drop_zero: bool = True) -> list[Sample]:
+    """Training samples for R from one iteration. step_rewards[g][r][k] is step k's reward R_{τ_i} in
+    rollout r of group g (what policy.policy_samples returns).
 
     Only tasks with acc in acc_range feed R, in every setting (released code: [0.2, 0.8]): a task with
     no success or no failure gives R nothing to be consistent with.
@@ -158,14 +135,14 @@ def rm_samples(groups, kind: str, acc_range: tuple[float, float] = RM_ACC_RANGE,
     Samples with advantage 0 are dropped when drop_zero, as for the policy.
     """
     samples = []
-    for g in groups:
+    for g, rewards in zip(groups, step_rewards):
         if not acc_range[0] <= g.acc <= acc_range[1]:
             continue
         if kind == "tests":
             pairs = [(g.tests, test_writer_rewards([ro.outcome > 0 for ro in g.rollouts], g.test_passes))]
         else:
-            pairs = [(st.judgments, consistency_rewards(st.reward, st.verdicts))
-                     for ro in g.rollouts for st in ro.steps]
+            pairs = [(st.judgments, consistency_rewards(r, st.verdicts))                     # Eq. 3
+                     for ro, r_row in zip(g.rollouts, rewards) for st, r in zip(ro.steps, r_row)]
         samples += [Sample(c.prompt_ids, c.ids, a) for outs, adv in pairs if adv
                     for c, a in zip(outs, adv) if not (drop_zero and a == 0)]
     return samples

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import llm  # noqa: E402
+import models  # noqa: E402
 import loop  # noqa: E402
 import tasks  # noqa: E402
 
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
         by_key.setdefault(key_of(t), []).append(t)
     chosen = [t for ts in by_key.values() for t in (rng.sample(ts, args.per_key) if 0 < args.per_key < len(ts) else ts)]
     _, engines = loop.build_models(cfg, False, cfg.model, cfg.model)
-    llm.seed_everything(cfg.seed)
+    models.seed_everything(cfg.seed)
     t0 = time.perf_counter()
     groups = adapter.rollout(chosen, cfg.group_size, engines["policy"], cfg)
     seconds = time.perf_counter() - t0
@@ -86,6 +86,6 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except (loop.ConfigError, llm.ModelError, tasks.TaskError) as e:
+    except (loop.ConfigError, models.ModelError, tasks.TaskError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -9,19 +9,23 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 RLANYTHING_SANDBOX="${RLANYTHING_SANDBOX:-rlimit}"
 python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print('device:', torch.cuda.get_device_name())"
 python3 - <<'PY'
-import torch, llm
-model, tok = llm.load("tiny")
+import torch
+from engines import make_engines
+from models import bf16_fast, load
+from ppo import make_optimizer, ppo_update
+from records import Sample
+model, tok = load("tiny")
 assert next(model.parameters()).device.type == "cuda"
-engine = llm.make_engines("hf", {"p": (model, tok)}, batch_size=8, amp=llm.bf16_fast())["p"]
+engine = make_engines("hf", {"p": (model, tok)}, batch_size=8, amp=bf16_fast())["p"]
 prompts = ["Write a program.", "Add two numbers."]
 outs = engine.generate(prompts, n=4, temperature=1.0, max_new_tokens=16)
-samples = [llm.Sample(c.prompt_ids, c.ids, adv) for cs in outs for c, adv in zip(cs, (1.0, -1.0, 0.5, -0.5))]
+samples = [Sample(c.prompt_ids, c.ids, adv) for cs in outs for c, adv in zip(cs, (1.0, -1.0, 0.5, -0.5))]
 before = {k: v.detach().clone() for k, v in model.named_parameters()}
-stats = llm.ppo_update(model, llm.make_optimizer(model, 1e-3), samples, tok.pad_token_id, steps=2,
-                       micro_batch=4, amp=llm.bf16_fast())
+stats = ppo_update(model, make_optimizer(model, 1e-3), samples, tok.pad_token_id, steps=2,
+                   micro_batch=4, amp=bf16_fast())
 moved = sum(not torch.equal(before[k], v) for k, v in model.named_parameters())
 engine.sync()
-print(f"PPO update on CUDA: {stats}, {moved}/{len(before)} tensors moved, bf16 {llm.bf16_fast()}")
+print(f"PPO update on CUDA: {stats}, {moved}/{len(before)} tensors moved, bf16 {bf16_fast()}")
 assert moved > 0 and all(torch.isfinite(torch.tensor(v)).all() for v in stats.values() if isinstance(v, float))
 PY
 runs="${OUT:-/tmp}/gpu-check"

@@ -15,8 +15,8 @@ to `max_turns` steps, R judges every step m times, E rewrites a goal's object an
 - Ground truth for R's Process Acc: after every step the planner replans from the new state; a step
   is good iff the game is won by it or the plan got exactly one step shorter (the action lies on a
   shortest plan, as far as the planner's plan is shortest). Labels are computed where Process Acc is
-  measured, in evaluation (`labels=True`); training never uses them (R learns from consistency, Eq. 3),
-  so training rollouts skip the planner, which was 60% of the engine's time per step.
+  measured, in evaluation (`plan_labels`); training never uses them (R learns from consistency, Eq. 3),
+  so training rollouts skip the planner, most of the engine's time per step.
 - E (generate mode, as in the released code): first summarizes each failed rollout in at most two
   sentences, from its trajectory and the steps R judged −1 every time; then, given the scene's initial
   state, the task, its success rate and those summaries, answers \\boxed{OBJ,REC} from the types present
@@ -27,15 +27,15 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llm import render_chat
-from tasks import (ANSWER_PREFIX, Group, Rollout, Step, Task, TaskError, agent_results, eval_groups, eval_subsets,
-                   judge_steps, parse_choice, play_turns, stage)
+from engines import ANSWER_PREFIX, boxed, render_chat
+from records import Group, Step, Task, stage
+from tasks import TaskError
 from tasks import alfworld_games as games
+from tasks.agent import HISTORY, AgentAdapter, Episode, parse_choice
 
 DEFAULTS = {  # CPU defaults for this setting (each one a flag); --help shows the released value next to each
     "tasks_per_iter": 4, "group_size": 8, "max_turns": 15, "max_new_tokens": 6, "m": 3, "rm_max_new_tokens": 48,
@@ -52,7 +52,6 @@ REFERENCE = {
     "drop_zero_adv": True, "fresh_optimizer": True, "log_ratio_clamp": 10.0, "iterations": 200, "eval_every": 5,
     "eval_samples": 3, "eval_temperature": 0.8, "eval_max_turns": 60, "eval_tasks": 0, "max_train_samples": 0,
 }
-HISTORY = 3                  # (action, observation) pairs the prompts show
 SPLITS = {"train": "train", "in_domain": "valid_seen", "ood": "valid_unseen"}
 TYPE_TEXT = {"pick_and_place_simple": "put an object in a receptacle",
              "look_at_obj_in_light": "look at an object under a lamp",
@@ -103,9 +102,6 @@ What happened:
 {trajectory}
 In at most two sentences, say the most likely reasons it failed. Put the summary in \\boxed{{}}."""
 
-_BOXED_PAIR = re.compile(r"\\boxed\{([^{}]*)\}")
-
-
 def step_label(plan_before: list[str], plan_after: list[str], won: bool) -> int:
     """Planner ground truth of a step: +1 iff it won the game or the plan got exactly one step shorter."""
     return 1 if won or (plan_before and len(plan_after) == len(plan_before) - 1) else -1
@@ -151,40 +147,35 @@ def scene_of(task: Task) -> dict:
 
 # ───────────────────────────── episodes ─────────────────────────────
 
-@dataclass
-class Episode:
-    task: Task
+@dataclass(kw_only=True)
+class GameEpisode(Episode):
     env: object
     room: str                                   # the first observation: the room and the task
     obs: str                                    # the current observation
     admissible: list[str]
     plan: list[str] | None                      # the planner's plan from the current state (labels only)
-    history: list[tuple[str, str]] = field(default_factory=list)   # (action, observation)
-    steps: list[Step] = field(default_factory=list)
-    judge_prompts: list[str] = field(default_factory=list)
-    won: bool = False
-    invalid: int = 0
+    history: list[tuple[str | None, str]] = field(default_factory=list)   # (action or None if invalid, observation)
 
 
 def _clean(text: str) -> str:
     return text.replace("-= Welcome to TextWorld, ALFRED! =-", "").strip()
 
 
-def _history(ep: Episode) -> str:
+def _history(ep: GameEpisode) -> str:
     """The last HISTORY actions taken and what followed (wasted steps, with no action, are not shown:
     a small model copies their placeholder text)."""
     recent = [(a, o) for a, o in ep.history if a is not None][-HISTORY:]
     return "".join(f"> {a}\n{o[:300]}\n" for a, o in recent) + "\n" if recent else ""
 
 
-class Adapter:
+class Adapter(AgentAdapter):
     """ALFWorld adapter: multi-turn episodes on the real engine, R judges each step (Eq. 3)."""
 
-    judge_kind = "steps"
     rewrite_prefix = ANSWER_PREFIX  # E's answer starts "\\boxed{" too: a 135M E otherwise never writes one
+    env_stage = "engine"
 
     def __init__(self, cfg):
-        self.cfg, self.timings = cfg, {}
+        super().__init__(cfg)
         official = os.environ.get("ALFWORLD_DATA")
         if official:
             self.root = Path(official)
@@ -196,105 +187,75 @@ class Adapter:
                 print(f"[alfworld] generating games offline into {self.root} (once; resumes if interrupted)")
                 report = games.generate(cfg.seed, workers=max(os.cpu_count() or 1, 1), root=self.root)
                 (self.root / "report.json").write_text(json.dumps(report, indent=1))
-        self.splits = {name: load_split(self.root, folder) for name, folder in SPLITS.items()}
-        if not self.splits["train"]:
+        self.sets = {name: load_split(self.root, folder) for name, folder in SPLITS.items()}
+        if not self.sets["train"]:
             raise TaskError(f"no ALFWorld training games under {self.root}/json_2.1.1/train")
         self.rewrites = self.root / "rewrites"
-        self._envs: dict[str, list] = {}     # planning mode → idle engines, reused for any game (see _start)
-        self.labels = False                  # planner labels for every step (set during evaluation)
-
-    # — task sets —
-    def train_tasks(self) -> list[Task]:
-        return self.splits["train"]
-
-    def eval_sets(self) -> dict[str, list[Task]]:
-        return eval_subsets(self.splits, self.cfg.eval_tasks, self.cfg.seed)
+        self._envs: dict[str, list] = {}     # planning mode → idle engines, reused for any game (see start)
+        self.plan_labels = False             # planner labels for every step (set during evaluation)
 
     # — the engine —
-    def _release(self, episodes: list[Episode]) -> None:
-        self._envs.setdefault("step" if self.labels else "none", []).extend(ep.env for ep in episodes)
-
-    def _start(self, task: Task) -> Episode:
+    def start(self, task: Task, k: int) -> GameEpisode:
         """An episode on an idle engine, which loads this game. Each engine holds its own copy of
-        fast-downward's library, never unloaded: opening engines per game grew the process without
-        bound (8 rollouts of 32 episodes on new games: 0.52 → 1.08 GiB; reused: 0.52 → 0.58 GiB).
-        The pool is as large as the most episodes ever run at once."""
-        idle = self._envs.setdefault("step" if self.labels else "none", [])
+        fast-downward's library, never unloaded, so engines are reused rather than opened per game
+        (docs/NOTES.md). The pool is as large as the most episodes ever run at once."""
+        idle = self._envs.setdefault("step" if self.plan_labels else "none", [])
         if idle:
             env = idle.pop()
             env.load(task.data["game"])
         else:
-            env = games.open_env(Path(task.data["game"]), "step" if self.labels else "none")
+            env = games.open_env(Path(task.data["game"]), "step" if self.plan_labels else "none")
         state = env.reset()
         room = _clean(state["feedback"])
-        return Episode(task, env, room, room, list(state["admissible_commands"]),
-                       list(state["extra.expert_plan"]) if self.labels else None)
+        return GameEpisode(task=task, env=env, room=room, obs=room, admissible=list(state["admissible_commands"]),
+                           plan=list(state["extra.expert_plan"]) if self.plan_labels else None)
 
-    def _act(self, ep: Episode, prompt: str, completion) -> None:
+    def play(self, episodes: list[GameEpisode], engine, cfg, temperature: float | None, max_turns: int) -> None:
+        try:
+            super().play(episodes, engine, cfg, temperature, max_turns)
+        finally:   # the engines go back to the pool
+            self._envs.setdefault("step" if self.plan_labels else "none", []).extend(ep.env for ep in episodes)
+
+    def act(self, ep: GameEpisode, prompt: str, completion) -> None:
         """Apply P's answer: one engine step (or a wasted one), one Step with its planner label."""
         choice = parse_choice(completion.text, len(ep.admissible))
         label = None
         if choice is None:
             action, obs, ep.invalid = None, "Nothing happens.", ep.invalid + 1
-            label = -1 if self.labels else None
+            label = -1 if self.plan_labels else None
         else:
             action = ep.admissible[choice - 1]
             state, _, _ = ep.env.step(action)
             obs, ep.won, ep.admissible = _clean(state["feedback"]), bool(state["won"]), list(state["admissible_commands"])
-            if self.labels:
+            ep.done = ep.won
+            if self.plan_labels:
                 plan = list(state["extra.expert_plan"])
                 label, ep.plan = step_label(ep.plan, plan, ep.won), plan
-        ep.judge_prompts.append(JUDGE_PROMPT.format(goal=ep.task.prompt, history=_history(ep), obs=ep.obs[:600],
-                                                    response=completion.text.strip()[:300],
-                                                    action=action or "none (no valid action number)",
-                                                    next_obs=obs[:600]))
+        judge = JUDGE_PROMPT.format(goal=ep.task.prompt, history=_history(ep), obs=ep.obs[:600],
+                                    response=completion.text.strip()[:300],
+                                    action=action or "none (no valid action number)", next_obs=obs[:600])
         ep.steps.append(Step(prompt, completion.prompt_ids, completion.text, completion.ids, observation=obs,
-                             label=label))
+                             judge_prompt=judge, label=label))
         ep.history.append((action, obs))
+        ep.actions.append(action or "(invalid)")
         ep.obs = obs
 
-    def policy_prompt(self, ep: Episode, tokenizer) -> str:
+    def policy_prompt(self, ep: GameEpisode, tokenizer) -> str:
         actions = "\n".join(f"{i}. {a}" for i, a in enumerate(ep.admissible, 1))
         return render_chat(tokenizer, POLICY_PROMPT.format(room=ep.room, history=_history(ep), obs=ep.obs[:600],
                                                            actions=actions))
 
-    # — P plays: every live episode in one generate call per turn —
-    def rollout(self, tasks: list[Task], G: int, engine, cfg, temperature: float | None = None,
-                max_turns: int | None = None) -> list[Group]:
-        max_turns = max_turns or cfg.max_turns
-        with stage(self.timings, "engine"):
-            episodes = [self._start(t) for t in tasks for _ in range(G)]
-
-        def act_all(answers):
-            with stage(self.timings, "engine"):
-                for ep, prompt, c in answers:
-                    self._act(ep, prompt, c)
-
-        play_turns(episodes, lambda ep: ep.won, self.policy_prompt, act_all, engine, cfg, temperature, max_turns)
-        self._release(episodes)
-        groups = []
-        for k, task in enumerate(tasks):
-            mine = episodes[k * G:(k + 1) * G]
-            groups.append(Group(task, [Rollout(task.id, ep.steps, 1 if ep.won else -1, float(ep.won),
-                                               info={"judge_prompts": ep.judge_prompts, "invalid": ep.invalid,
-                                                     "room": ep.room,
-                                                     "actions": [a or "(invalid)" for a, _ in ep.history]})
-                                  for ep in mine]))
-        return groups
-
-    # — R judges every step m times, in one batched call —
-    def judge(self, groups: list[Group], engine, cfg) -> None:
-        judge_steps(groups, engine, cfg)
+    def info(self, ep: GameEpisode) -> dict:
+        return super().info(ep) | {"room": ep.room}
 
     # — evaluation: the paper's Table 1 columns for ALFWorld —
     def evaluate(self, sets: dict[str, list[Task]], policy, rm, cfg) -> dict:
-        """Success per eval set, and with R: Process Acc and Outcome Acc (reward_model.agent_metrics)."""
-        self.labels = True
+        """Success per eval set, and with R: Process Acc (planner labels) and Outcome Acc."""
+        self.plan_labels = True
         try:
-            played = eval_groups(self, sets, policy, rm, cfg)
+            return super().evaluate(sets, policy, rm, cfg)
         finally:
-            self.labels = False
-        return agent_results(played, rm)
+            self.plan_labels = False
 
     # — E: a new object / receptacle for the goal, checked by the planner —
     def summary_prompt(self, group: Group, r: int, risky: list[int]) -> str:
@@ -329,7 +290,7 @@ class Adapter:
     def parse_rewrite(self, root: Task, text: str) -> Task | None:
         """A valid rewrite names an object and a receptacle (lamp) present in the scene, poses a goal the
         scene allows, and the planner wins the new game on the engine."""
-        boxes = _BOXED_PAIR.findall(text)
+        boxes = boxed(text)
         parts = [p.strip() for p in boxes[-1].split(",")] if boxes else []
         if len(parts) != 2:
             return None

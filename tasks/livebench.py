@@ -28,9 +28,10 @@ import re
 import zlib
 from pathlib import Path
 
-from llm import prefilled, render_chat
-from reward_model import FUNCTIONAL_TEST_WRITER_PROMPT, TEST_WRITER_PROMPT, parse_test
-from tasks import Group, Rollout, Step, Task, TaskError, accuracy, eval_groups, stage
+from engines import prefilled, render_chat
+from records import Group, Rollout, Step, Task, stage
+from reward_model import parse_test
+from tasks import AdapterBase, TaskError, accuracy, eval_groups
 from tasks.sandbox import RunResult, outputs_match, run_many
 
 # The setting's defaults on a 2-core CPU; each is a flag. The accuracy filter and the zero handling
@@ -61,6 +62,43 @@ FUNCTIONAL_POLICY_PROMPT = """Complete the Python code below so that it solves t
 code (including the given signature) in one ```python code block.
 
 {problem}"""
+
+# R's prompts: it writes one unit test per sample (reward_model.test_writer_rewards scores them)
+TEST_WRITER_PROMPT = """Write one unit test for the programming problem below: an input that a wrong
+program could get wrong, and the exact output a correct program prints for it.
+
+Answer in exactly this format and nothing else. For example, for "read two integers, print their sum":
+Input:
+```
+3 4
+```
+Output:
+```
+7
+```
+
+Problem:
+{problem}
+"""
+
+FUNCTIONAL_TEST_WRITER_PROMPT = """Write one unit test for the Python function below: arguments that a wrong
+implementation could get wrong, and the exact value a correct one returns.
+
+Answer in exactly this format and nothing else, one JSON value per argument line. For example, for
+"def add(a: int, b: int) -> int":
+Input:
+```
+3
+4
+```
+Output:
+```
+7
+```
+
+Function:
+{problem}
+"""
 
 REWRITE_PROMPT = """You design programming problems. Make the current version of the problem below {direction} to \
 solve. {hint}
@@ -293,13 +331,13 @@ def coding_metrics(gt_pass: list[list[bool]], passes: list[list[list[bool]]], te
 
 # ───────────────────────────── the adapter ─────────────────────────────
 
-class Adapter:
+class Adapter(AdapterBase):
     """LiveBench coding adapter: one step per episode (the whole program), R writes tests."""
 
     judge_kind = "tests"
 
     def __init__(self, cfg):
-        self.cfg, self.timings = cfg, {}
+        super().__init__(cfg)
         try:
             rows = load_builtin()
         except (OSError, json.JSONDecodeError) as e:

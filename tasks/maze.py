@@ -13,8 +13,8 @@ multi-turn episodes, R judging every step, E moving tasks along a difficulty lad
   the goal or shortens the breadth-first-search distance to the goal by one (it lies on a shortest
   path). R's Process Acc is therefore exact here.
 - Difficulty ladder, for E's `variants` mode: LEVELS, from a 3×3 room with the goal next to the
-  start to a 5×5 maze with walls and a shortest path of 4-6 steps (larger mazes were measured at 0%
-  success for the initial model: no signal for any part, only cost; see the README's base rates);
+  start to a 5×5 maze with walls and a shortest path of 4-6 steps (larger mazes give the initial
+  model no success at all: no signal for any part, only cost; docs/NOTES.md);
   a variant is the training maze at the same position one level up or down. In `generate` mode E
   draws a new maze in \\boxed{} (rows separated by '/'); it is kept only if the solver (BFS) finds
   a path and it is no eval maze.
@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from llm import render_chat
-from tasks import (ANSWER_PREFIX, Group, Rollout, Step, Task, agent_results, eval_groups, eval_subsets, judge_steps,
-                   parse_choice, play_turns)
+from engines import ANSWER_PREFIX, render_chat
+from records import Step, Task
+from tasks.agent import HISTORY, AgentAdapter, Episode, parse_choice
 
 DEFAULTS = {  # the teaching setting's CPU defaults (each one a flag); run times are in the README
     "tasks_per_iter": 6, "group_size": 8, "max_turns": 6, "max_new_tokens": 3, "m": 3, "rm_max_new_tokens": 3,
@@ -39,7 +39,6 @@ DEFAULTS = {  # the teaching setting's CPU defaults (each one a flag); run times
     "eval_temperature": 1.0, "eval_tasks": 0, "micro_batch": 16, "max_train_samples": 32, "lr": 3e-5, "rm_lr": 3e-5,
     "grad_checkpointing": False,
 }
-HISTORY = 3
 MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 # (rows, cols, walls, shortest-path length range): easy → hard
 LEVELS = [(3, 3, 0, (1, 1)), (3, 3, 0, (2, 2)), (4, 4, 0, (3, 4)), (5, 5, 3, (4, 6))]
@@ -177,43 +176,34 @@ def parse_maze(text: str) -> list[str] | None:
 
 # ───────────────────────────── episodes ─────────────────────────────
 
-@dataclass
-class Episode:
-    task: Task
+@dataclass(kw_only=True)
+class MazeEpisode(Episode):
     pos: tuple[int, int]
     dist: dict                                      # BFS distance to the goal, every reachable cell
-    history: list[str] = field(default_factory=list)
-    steps: list[Step] = field(default_factory=list)
-    judge_prompts: list[str] = field(default_factory=list)
-    won: bool = False
-    invalid: int = 0
 
 
-class Adapter:
+class Adapter(AgentAdapter):
     """Grid mazes: multi-turn episodes, exact step labels, a difficulty ladder, solver-checked rewrites."""
 
-    judge_kind = "steps"
-    rewrite_prefix = ANSWER_PREFIX
+    rewrite_prefix = judge_prefix = ANSWER_PREFIX
 
     def __init__(self, cfg):
-        self.cfg, self.timings, self.sets = cfg, {}, maze_sets()
+        super().__init__(cfg)
+        self.sets = maze_sets()
 
-    def train_tasks(self) -> list[Task]:
-        return self.sets["train"]
+    def start(self, task: Task, k: int) -> MazeEpisode:
+        return MazeEpisode(task=task, pos=find(task.data["grid"], "S"), dist=distances(task.data["grid"]))
 
-    def eval_sets(self) -> dict[str, list[Task]]:
-        return eval_subsets(self.sets, self.cfg.eval_tasks, self.cfg.seed)
-
-    def policy_prompt(self, ep: Episode, tokenizer) -> str:
+    def policy_prompt(self, ep: MazeEpisode, tokenizer) -> str:
         grid = ep.task.data["grid"]
         (gr, gc), options = find(grid, "G"), moves_from(grid, ep.pos)
         moves = "\n".join(f"{i}. {name} → row {r}, column {c}" for i, (name, (r, c)) in enumerate(options, 1))
-        history = f"Your last moves: {', '.join(ep.history[-HISTORY:])}\n" if ep.history else ""
+        history = f"Your last moves: {', '.join(ep.actions[-HISTORY:])}\n" if ep.actions else ""
         choices = ", ".join(str(i) for i in range(1, len(options) + 1))
         return render_chat(tokenizer, POLICY_PROMPT.format(map="\n".join(grid), r=ep.pos[0], c=ep.pos[1], gr=gr,
                                                            gc=gc, history=history, moves=moves, choices=choices))
 
-    def _act(self, ep: Episode, prompt: str, completion) -> None:
+    def act(self, ep: MazeEpisode, prompt: str, completion) -> None:
         grid = ep.task.data["grid"]
         options = moves_from(grid, ep.pos)
         choice = parse_choice(completion.text, len(options))
@@ -224,33 +214,17 @@ class Adapter:
         else:
             action, after = options[choice - 1]
             ep.pos = after
-            ep.won = grid[after[0]][after[1]] == "G"
+            ep.won = ep.done = grid[after[0]][after[1]] == "G"
         gr, gc = find(grid, "G")
-        ep.judge_prompts.append(JUDGE_PROMPT.format(gr=gr, gc=gc, r=before[0], c=before[1], map="\n".join(grid),
-                                                    response=completion.text.strip()[:200], action=action,
-                                                    r2=ep.pos[0], c2=ep.pos[1]))
+        judge = JUDGE_PROMPT.format(gr=gr, gc=gc, r=before[0], c=before[1], map="\n".join(grid),
+                                    response=completion.text.strip()[:200], action=action, r2=ep.pos[0], c2=ep.pos[1])
         ep.steps.append(Step(prompt, completion.prompt_ids, completion.text, completion.ids,
-                             observation=f"at row {ep.pos[0]}, column {ep.pos[1]}", label=step_label(ep.dist, before, after)))
-        ep.history.append(action if choice is not None else "none")
+                             observation=f"at row {ep.pos[0]}, column {ep.pos[1]}", judge_prompt=judge,
+                             label=step_label(ep.dist, before, after)))
+        ep.actions.append(action if choice is not None else "none")
 
-    def rollout(self, tasks: list[Task], G: int, engine, cfg, temperature: float | None = None,
-                max_turns: int | None = None) -> list[Group]:
-        """G episodes per task; at every turn ONE generate call serves every live episode."""
-        max_turns = max_turns or cfg.max_turns
-        episodes = [Episode(t, find(t.data["grid"], "S"), distances(t.data["grid"])) for t in tasks for _ in range(G)]
-        play_turns(episodes, lambda ep: ep.won, self.policy_prompt,
-                   lambda answers: [self._act(*a) for a in answers], engine, cfg, temperature, max_turns)
-        return [Group(t, [Rollout(t.id, ep.steps, 1 if ep.won else -1, float(ep.won),
-                                  info={"judge_prompts": ep.judge_prompts, "invalid": ep.invalid,
-                                        "actions": ep.history})
-                          for ep in episodes[k * G:(k + 1) * G]]) for k, t in enumerate(tasks)]
-
-    def judge(self, groups: list[Group], engine, cfg) -> None:
-        judge_steps(groups, engine, cfg, prefix=ANSWER_PREFIX)
-
-    def evaluate(self, sets: dict[str, list[Task]], policy, rm, cfg) -> dict:
-        """Success per eval set, and with R: Process Acc (exact labels) and Outcome Acc."""
-        return agent_results(eval_groups(self, sets, policy, rm, cfg), rm)
+    def why_failed(self, ro) -> str:
+        return "not at the goal"
 
     # — E, variants mode: the training maze at the same position one level up or down —
     def variant(self, task: Task, direction: str) -> Task | None:
@@ -277,9 +251,3 @@ class Adapter:
         if grid is None or any(grid == t.data["grid"] for name in ("in_domain", "ood") for t in self.sets[name]):
             return None
         return maze_task(grid, f"{root.id}~gen", root.level, "train", origin="generated")
-
-    # — critic feedback for E —
-    def feedback(self, group: Group) -> str:
-        lines = [f"rollout {k}: not at the goal after {len(ro.steps)} steps ({ro.info['invalid']} invalid answers); "
-                 f"moves: {', '.join(ro.info['actions'][-4:])}" for k, ro in enumerate(group.rollouts) if ro.outcome < 0]
-        return "\n".join(lines[:4]) or f"all {len(group.rollouts)} rollouts reached the goal"

@@ -5,7 +5,8 @@ MiniWoB++ pages (the `miniwob` package bundles them) in real headless Chromium (
 - Observation: the task's instruction, the DOM elements rendered as an accessibility-tree-like list
   (`[ref] tag "text"`), and, with `screenshots=True`, the screenshot (H × W × 3 uint8) for a
   vision-language policy.
-- Actions: the adapter's vocabulary (tasks/osworld.py `Action`) mapped onto MiniWoB's action types.
+- Actions: the adapter's vocabulary (tasks/gui.py `Action`) mapped onto MiniWoB's action types
+  (`MiniWoB`, the backend the adapter drives).
 - Outcome: MiniWoB's raw episode reward > 0.
 - Deviation: MiniWoB ends an episode after 10 s of wall clock. An LLM on a CPU takes seconds per
   step, so the timer is set to an hour and the adapter's step limit (`--max-turns`) bounds episodes,
@@ -15,14 +16,13 @@ MiniWoB++ pages (the `miniwob` package bundles them) in real headless Chromium (
 """
 from __future__ import annotations
 
-import atexit
 import os
 import shutil
-import threading
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 import numpy as np
+
+from records import Task
+from tasks.gui import Action, Backend, Guarded, Screen, center, ids_known, kill_tree
 
 TIMER_MS = 3_600_000      # MiniWoB's episode timer (10 s upstream), see the module docstring
 INPUTS = {"button", "a", "textarea", "select", "option", "input", "input_text", "input_password", "input_checkbox",
@@ -33,54 +33,6 @@ KEYS = {"enter": "<Enter>", "tab": "<Tab>", "backspace": "<Backspace>", "delete"
 MODIFIERS = {"ctrl": "C-", "control": "C-", "shift": "S-", "alt": "A-", "cmd": "M-", "command": "M-"}
 
 
-class ScreenError(Exception):
-    """The browser (or OSWorld bridge) crashed or hung; it has been killed and starts afresh on next use."""
-
-
-class Guarded:
-    """Runs every call to an external process in one worker thread with a timeout. A crash or no
-    answer within `timeout` seconds kills the process (`kill`, subclass) and raises ScreenError."""
-
-    def __init__(self, timeout: float):
-        self.timeout, self.restarts = timeout, 0
-        self._pool = ThreadPoolExecutor(1)
-
-    def kill(self) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        self.kill()
-        self._pool.shutdown(wait=False)
-
-    def _call(self, fn, *args):
-        fut = self._pool.submit(fn, *args)
-        try:
-            return fut.result(timeout=self.timeout)
-        except Exception as e:  # noqa: BLE001 (a dead or hung process raises many kinds of errors)
-            self.kill()
-            self._pool.shutdown(wait=False)     # a hung call may still hold the old thread
-            self._pool, self.restarts = ThreadPoolExecutor(1), self.restarts + 1
-            what = "hung" if isinstance(e, TimeoutError) else "crashed"
-            raise ScreenError(f"{type(self).__name__.lower()} {what}: {e!r:.200}") from e
-
-
-def kill_tree(pid: int) -> None:
-    """Kill a process and every process it started."""
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        family = root.children(recursive=True) + [root]
-    except psutil.NoSuchProcess:
-        return
-    for p in family:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(family, timeout=10)
-
-
 def chrome_paths() -> tuple[str, str]:
     """Chromium and chromedriver: MINIWOB_CHROME_BINARY / MINIWOB_CHROMEDRIVER, else Debian's paths on PATH."""
     binary = os.environ.get("MINIWOB_CHROME_BINARY") or shutil.which("chromium") or shutil.which("chromium-browser")
@@ -89,15 +41,6 @@ def chrome_paths() -> tuple[str, str]:
         raise RuntimeError("headless Chromium not found: apt-get install chromium chromium-driver "
                            "(or set MINIWOB_CHROME_BINARY and MINIWOB_CHROMEDRIVER)")
     return binary, driver
-
-
-@dataclass
-class Screen:
-    """One observation: what the policy reads (text), where elements are (for coordinate actions)."""
-    instruction: str
-    text: str                                                 # the accessibility-tree-like element list
-    boxes: dict[int, tuple[float, float, float, float]] = field(default_factory=dict)  # ref → (left, top, w, h)
-    screenshot: np.ndarray | None = None                      # (H, W, 3) uint8, when recorded
 
 
 def render_elements(elements: list[dict]) -> tuple[str, dict]:
@@ -228,34 +171,40 @@ def _field_extractor(page: str):
     return get_field_extractor(page)
 
 
-class Pool:
-    """One environment process (browser, bridge) per parallel episode, started on demand by `make` and
-    kept for the next rollout; all are killed at exit."""
+class MiniWoB(Backend):
+    """The `miniwob` backend: maps the action vocabulary onto MiniWoB++ in headless Chromium."""
 
-    def __init__(self, make, workers: int = 8):
-        self.make = make
-        self.idle: list = []
-        self.every: list = []                        # idle or in use
-        self.lock = threading.Lock()
-        self.threads = ThreadPoolExecutor(workers)   # separate processes: step them concurrently
-        atexit.register(self.close)
+    def __init__(self, pool):
+        super().__init__(pool)
+        self.key_name = key_name
 
-    def take(self, n: int) -> list:
-        with self.lock:
-            while len(self.idle) < n:
-                self.idle.append(self.make())
-                self.every.append(self.idle[-1])
-            out, self.idle = self.idle[:n], self.idle[n:]
-        return out
+    def reset(self, browser, task: Task):
+        return browser.reset(task.data["page"], task.data["seed"])
 
-    def give(self, handles: list) -> None:
-        with self.lock:
-            self.idle.extend(handles)
+    def valid(self, action: Action, screen) -> bool:
+        """Ids must be on the screen's list; keys must be ones MiniWoB can press."""
+        return ids_known(action, screen) and (action.verb != "key" or self.key_name(action.args[0]) is not None)
 
-    def map(self, fn, items: list) -> list:
-        return list(self.threads.map(fn, items))
+    def step(self, browser, action: Action, screen):
+        """(screen after, done, score when done)."""
+        v, a = action.verb, action.args
+        if v in ("done", "fail"):   # the agent stops; MiniWoB's verdict is its current (unfinished) reward
+            return screen, True, 0.0
+        if v == "click":
+            kind, kw = ("CLICK_ELEMENT", {"ref": a[0]}) if len(a) == 1 else ("CLICK_COORDS", {"coords": a})
+        elif v == "double_click":
+            kind, kw = "DBLCLICK_COORDS", {"coords": center(screen, a[0]) if len(a) == 1 else a}
+        elif v == "type":
+            kind, kw = ("TYPE_TEXT", {"text": a[0]}) if len(a) == 1 else ("FOCUS_ELEMENT_AND_TYPE_TEXT",
+                                                                          {"ref": a[0], "text": a[1]})
+        elif v == "key":
+            kind, kw = "PRESS_KEY", {"key": self.key_name(a[0])}
+        elif v == "scroll":
+            where = center(screen, a[0]) if len(a) == 2 else (80.0, 105.0)  # the task area's middle
+            kind, kw = ("SCROLL_UP_COORDS" if a[-1] == "up" else "SCROLL_DOWN_COORDS"), {"coords": where}
+        else:
+            kind, kw = "NONE", {}
+        return browser.step(kind, **kw)
 
-    def close(self) -> None:
-        for h in self.every:
-            h.close()
-        self.idle, self.every = [], []
+    def final(self, browser) -> float:
+        return 0.0   # MiniWoB ends an episode itself when the task is solved; unfinished = not solved

@@ -14,12 +14,11 @@ Two backends behind one action vocabulary (`--backend`):
   an unknown id is a wasted step; the episode goes on. done() / fail() end the episode, and the
   outcome is the backend's verdict (MiniWoB: the page's reward; OSWorld: its evaluator).
 - The answer is prefilled with "\\boxed{" for a 135M policy (as in the ALFWorld adapter), and the prompt
-  shows one example action, a click on a random element of the current screen (EXAMPLE_ACTION).
-  Measured on SmolLM2-135M (18 ladder pages × 8 samples): 0 of 144 answers parsed without the
-  example, 88 of 144 with it. A random target keeps the example from pointing at the answer; with a
-  7B policy, set EXAMPLE_ACTION = False.
+  shows one example action, a click on a random element of the current screen (EXAMPLE_ACTION):
+  without it a 135M policy writes almost no parseable action (docs/NOTES.md). A random target keeps
+  the example from pointing at the answer; with a 7B policy, set EXAMPLE_ACTION = False.
 - Observation: the instruction and the element list (a text model reads these); with --screenshots the
-  screenshot is recorded too, for a vision-language policy. Deviation: llm.py's engines take text
+  screenshot is recorded too, for a vision-language policy. Deviation: the engines (engines.py) take text
   only, so no policy here reads the screenshot yet; the paper's policy is Qwen3-VL-8B.
 - R sees the previous actions, the screen before and after the step, and P's response.
 - E, generate mode (the released code's mechanism): an LLM sees the current task as {template: hint},
@@ -32,15 +31,16 @@ Two backends behind one action vocabulary (`--backend`):
 """
 from __future__ import annotations
 
-import ast
 import json
 import random
 import threading
 from dataclasses import dataclass, field
 
-from llm import render_chat
-from tasks import (Group, Rollout, Step, Task, TaskError, agent_results, eval_groups, eval_subsets,
-                   judge_steps, play_turns, stage)
+from engines import render_chat
+from records import Group, Rollout, Step, Task, stage
+from tasks import TaskError
+from tasks.agent import HISTORY, AgentAdapter, Episode
+from tasks.gui import parse_action
 
 DEFAULTS = {  # CPU defaults (each one a flag); --help shows the released value next to each
     "tasks_per_iter": 4, "group_size": 8, "max_turns": 6, "max_new_tokens": 16, "m": 3, "rm_max_new_tokens": 48,
@@ -58,9 +58,7 @@ REFERENCE = {
     "eval_temperature": 0.0, "eval_max_turns": 30, "max_train_samples": 0,
 }
 EXAMPLE_ACTION = True        # see the module docstring
-HISTORY = 3
 SCREEN_CHARS = 1500          # the element list is cut here (OSWorld's trees can be long)
-VERBS = {"click", "double_click", "type", "key", "scroll", "wait", "done", "fail"}
 
 # Ladders of related MiniWoB pages, easy → hard, each with the hint E can add (variants mode).
 LADDERS = {
@@ -122,54 +120,6 @@ What the critics saw when the agent tried the current task:
 Answer with JSON only, exactly one key, the template's name, and the hint as its value ("" for no hint), \
 for example {example}"""
 
-# ───────────────────────────── the action vocabulary ─────────────────────────────
-
-@dataclass(frozen=True)
-class Action:
-    verb: str                  # one of VERBS
-    args: tuple = ()
-
-    def __str__(self):
-        return f"{self.verb}({', '.join(repr(a) for a in self.args)})"
-
-
-def _arity_ok(verb: str, args: tuple) -> bool:
-    ints = [isinstance(a, int) and not isinstance(a, bool) for a in args]
-    strs = [isinstance(a, str) for a in args]
-    if verb in ("click", "double_click"):
-        return ints in ([True], [True, True])
-    if verb == "type":
-        return (strs == [True]) or (ints == [True, False] and strs == [False, True])
-    if verb == "key":
-        return len(args) == 1 and strs[0] and 0 < len(args[0]) <= 32
-    if verb == "scroll":
-        direction_ok = bool(args) and strs[-1] and args[-1] in ("up", "down")
-        return direction_ok and (len(args) == 1 or (len(args) == 2 and ints[0]))
-    return not args  # wait, done, fail
-
-
-def parse_action(text: str) -> Action | None:
-    """The action in the last \\boxed{...} of an answer, or None if malformed. Model text is parsed,
-    never evaluated: only a call of a known verb with literal int / str arguments passes."""
-    start = text.rfind("\\boxed{")
-    body = text[start + len("\\boxed{"):] if start >= 0 else ""
-    body = body[:body.rfind("}")] if "}" in body else ""
-    body = body.strip()
-    if body in ("wait", "done", "fail"):
-        body += "()"
-    if not body or len(body) > 200:
-        return None
-    try:
-        call = ast.parse(body, mode="eval").body
-        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and not call.keywords):
-            return None
-        args = tuple(ast.literal_eval(a) for a in call.args)
-    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
-        return None
-    verb = call.func.id
-    return Action(verb, args) if verb in VERBS and _arity_ok(verb, args) else None
-
-
 # ───────────────────────────── tasks ─────────────────────────────
 
 def ladder_task(ladder: str, rung: int, seed: int, hint: bool = False, split: str = "train") -> Task:
@@ -192,24 +142,18 @@ def miniwob_sets() -> dict[str, list[Task]]:
 
 # ───────────────────────────── episodes ─────────────────────────────
 
-@dataclass
-class Episode:
-    task: Task
-    env: object                                  # the backend's handle (a browser, a bridge)
+@dataclass(kw_only=True)
+class GUIEpisode(Episode):
+    env: object = None                           # the backend's handle (a browser, a bridge)
     screen: object = None                        # the current Screen
     instruction: str = ""
-    history: list[str] = field(default_factory=list)     # actions taken (str), for the prompts
-    steps: list[Step] = field(default_factory=list)
-    judge_prompts: list[str] = field(default_factory=list)
-    done: bool = False
     score: float | None = None                   # the backend's final score, once known
-    invalid: int = 0
     crashed: str = ""
     rng: random.Random = field(default_factory=random.Random)   # picks the example action's element
 
 
-def _history(ep: Episode) -> str:
-    recent = ep.history[-HISTORY:]
+def _history(ep: GUIEpisode) -> str:
+    recent = ep.actions[-HISTORY:]
     return "Previous actions: " + "; ".join(recent) + "\n" if recent else ""
 
 
@@ -218,17 +162,19 @@ def _screen_text(screen) -> str:
     return text[:SCREEN_CHARS] or "(no elements)"
 
 
-class Adapter:
+class Adapter(AgentAdapter):
     """OSWorld adapter: multi-turn GUI episodes on a real browser (or OSWorld VM); R judges each step."""
 
-    judge_kind = "steps"
     rewrite_prefix = '{"'   # E's JSON answer is prefilled with its opening: a 135M E otherwise writes prose
+    labels = False          # no planner: no Process Acc
+    env_stage = "gui"
 
     def __init__(self, cfg):
-        self.cfg, self.timings = cfg, {}
+        super().__init__(cfg)
         self._lock = threading.Lock()        # episodes step in parallel threads; counts go through it
         if cfg.backend == "miniwob":
-            from tasks.miniwob_env import Browser, Pool, chrome_paths
+            from tasks.gui import Pool
+            from tasks.miniwob_env import Browser, MiniWoB, chrome_paths
             try:
                 chrome_paths()
             except RuntimeError as e:
@@ -243,18 +189,15 @@ class Adapter:
         else:
             raise TaskError(f"unknown backend {cfg.backend!r}; choose miniwob or osworld")
 
-    def train_tasks(self) -> list[Task]:
-        return self.sets["train"]
-
-    def eval_sets(self) -> dict[str, list[Task]]:
-        return eval_subsets(self.sets, self.cfg.eval_tasks, self.cfg.seed)
-
     # — one step —
     def _count(self, key: str, n: int = 1) -> None:
         with self._lock:
             self.timings[key] = self.timings.get(key, 0) + n
 
-    def _start(self, ep: Episode) -> None:
+    def start(self, task: Task, k: int) -> GUIEpisode:
+        return GUIEpisode(task=task, rng=random.Random(f"{task.id}/{k}"))   # the screen comes in `play`
+
+    def _reset(self, ep: GUIEpisode) -> None:
         try:
             ep.screen = self.backend.reset(ep.env, ep.task)
             ep.instruction = ep.screen.instruction
@@ -262,7 +205,7 @@ class Adapter:
             ep.done, ep.score, ep.crashed = True, 0.0, str(e)
             self._count("sys/env_restarts")
 
-    def _act(self, ep: Episode, prompt: str, completion) -> None:
+    def act(self, ep: GUIEpisode, prompt: str, completion) -> None:
         """Apply P's answer: one backend step (or a wasted one), one Step."""
         action, before = parse_action(completion.text), ep.screen
         after, taken = before, "none (malformed action)"
@@ -277,15 +220,15 @@ class Adapter:
             except self.backend.Error as e:
                 after, ep.done, ep.score, ep.crashed = None, True, 0.0, str(e)
                 self._count("sys/env_restarts")
-        ep.judge_prompts.append(JUDGE_PROMPT.format(
-            where=self.where, instruction=ep.instruction, history=_history(ep), before=_screen_text(before),
-            response=completion.text.strip()[:300], action=taken, after=_screen_text(after)))
+        judge = JUDGE_PROMPT.format(where=self.where, instruction=ep.instruction, history=_history(ep),
+                                    before=_screen_text(before), response=completion.text.strip()[:300], action=taken,
+                                    after=_screen_text(after))
         ep.steps.append(Step(prompt, completion.prompt_ids, completion.text, completion.ids,
-                             observation=_screen_text(after)[:300]))
-        ep.history.append(taken)
+                             observation=_screen_text(after)[:300], judge_prompt=judge))
+        ep.actions.append(taken)
         ep.screen = after
 
-    def policy_prompt(self, ep: Episode, tokenizer) -> str:
+    def policy_prompt(self, ep: GUIEpisode, tokenizer) -> str:
         hint = f"Hint: {ep.task.data['hint']}\n" if ep.task.data.get("hint") else ""
         ids = list(ep.screen.boxes)
         example = f", for example \\boxed{{click({ep.rng.choice(ids)})}}" if EXAMPLE_ACTION and ids else ""
@@ -293,56 +236,44 @@ class Adapter:
                                                            history=_history(ep), screen=_screen_text(ep.screen),
                                                            example=example))
 
-    # — P plays: every live episode in one generate call per turn; the backends step concurrently —
+    def outcome(self, ep: GUIEpisode) -> float:
+        return ep.score
+
+    def info(self, ep: GUIEpisode) -> dict:
+        return super().info(ep) | {"crashed": ep.crashed, "instruction": ep.instruction}
+
+    # — P plays in waves of at most cfg.browsers episodes (one browser or VM each); the backends step concurrently —
     def rollout(self, tasks: list[Task], G: int, engine, cfg, temperature: float | None = None,
                 max_turns: int | None = None) -> list[Group]:
-        """G episodes per task, played in waves of at most cfg.browsers (one browser or VM each)."""
         for key in ("sys/env_steps", "sys/env_restarts"):
             self.timings.setdefault(key, 0)
-        episodes = [Episode(t, None, rng=random.Random(f"{t.id}/{k}")) for t in tasks for k in range(G)]
+        return super().rollout(tasks, G, engine, cfg, temperature, max_turns)
+
+    def play(self, episodes: list[GUIEpisode], engine, cfg, temperature: float | None, max_turns: int) -> None:
         for w in range(0, len(episodes), cfg.browsers):
-            self._play(episodes[w:w + cfg.browsers], engine, cfg, temperature, max_turns or cfg.max_turns)
-        groups = []
-        for k, task in enumerate(tasks):
-            groups.append(Group(task, [Rollout(task.id, ep.steps, 1 if ep.score > 0 else -1, ep.score,
-                                               info={"judge_prompts": ep.judge_prompts, "invalid": ep.invalid,
-                                                     "crashed": ep.crashed, "actions": ep.history,
-                                                     "instruction": ep.instruction})
-                                       for ep in episodes[k * G:(k + 1) * G]]))
-        return groups
-
-    def _play(self, episodes: list[Episode], engine, cfg, temperature: float | None, max_turns: int) -> None:
-        handles = self.backend.acquire(len(episodes))
-        for ep, h in zip(episodes, handles):
-            ep.env = h
-        try:
-            with stage(self.timings, "gui"):
-                self.backend.map(self._start, episodes)
-
-            def act_all(answers):
+            wave = episodes[w:w + cfg.browsers]
+            handles = self.backend.acquire(len(wave))
+            for ep, h in zip(wave, handles):
+                ep.env = h
+            try:
                 with stage(self.timings, "gui"):
-                    self.backend.map(lambda a: self._act(*a), answers)
+                    self.backend.map(self._reset, wave)
+                super().play(wave, engine, cfg, temperature, max_turns)
+                with stage(self.timings, "gui"):   # the backend's verdict for episodes cut by the step limit
+                    self.backend.map(self._finish, [ep for ep in wave if ep.score is None])
+            finally:
+                self.backend.release(handles)
 
-            play_turns(episodes, lambda ep: ep.done, self.policy_prompt, act_all, engine, cfg, temperature, max_turns)
-            with stage(self.timings, "gui"):   # the backend's verdict for episodes cut by the step limit
-                self.backend.map(self._finish, [ep for ep in episodes if ep.score is None])
-        finally:
-            self.backend.release(handles)
+    def act_all(self, answers: list[tuple]) -> None:
+        with stage(self.timings, "gui"):
+            self.backend.map(lambda a: self.act(*a), answers)
 
-    def _finish(self, ep: Episode) -> None:
+    def _finish(self, ep: GUIEpisode) -> None:
         try:
             ep.score = self.backend.final(ep.env)
         except self.backend.Error as e:
             ep.score, ep.crashed = 0.0, str(e)
             self._count("sys/env_restarts")
-
-    # — R judges every step m times, in one batched call —
-    def judge(self, groups: list[Group], engine, cfg) -> None:
-        judge_steps(groups, engine, cfg)
-
-    # — evaluation: success in-domain and OOD, and R's Outcome Acc —
-    def evaluate(self, sets: dict[str, list[Task]], policy, rm, cfg) -> dict:
-        return agent_results(eval_groups(self, sets, policy, rm, cfg), rm, process=False)  # no labels: no Process Acc
 
     # — E, variants mode: one position along the ladder —
     def variant(self, task: Task, direction: str) -> Task | None:
@@ -397,81 +328,10 @@ class Adapter:
         return task
 
     # — critic feedback for E: failure summaries —
+    def why_failed(self, ro: Rollout) -> str:
+        return f"the environment failed ({ro.info['crashed'][:80]})" if ro.info["crashed"] else "not solved"
+
     def feedback(self, group: Group) -> str:
-        lines = []
-        for k, ro in enumerate(group.rollouts):
-            if ro.outcome < 0:
-                why = f"the environment failed ({ro.info['crashed'][:80]})" if ro.info["crashed"] else "not solved"
-                lines.append(f"rollout {k}: {why} after {len(ro.steps)} steps ({ro.info['invalid']} malformed); "
-                             f"actions: {'; '.join(ro.info['actions'][-4:])}")
         head = f"Instruction seen: {group.rollouts[0].info['instruction']}\n" if group.rollouts else ""
-        return head + ("\n".join(lines[:4]) or f"all {len(group.rollouts)} rollouts succeeded")
+        return head + super().feedback(group)
 
-
-class Backend:
-    """What the adapter needs of a backend: handles from a pool (one per parallel episode), and
-    reset / valid / step / final on a handle. Failures raise self.Error (miniwob_env.ScreenError)."""
-
-    def __init__(self, pool):
-        from tasks.miniwob_env import ScreenError
-        self.pool, self.Error = pool, ScreenError
-
-    def acquire(self, n: int) -> list:
-        return self.pool.take(n)
-
-    def release(self, handles: list) -> None:
-        self.pool.give(handles)
-
-    def map(self, fn, items: list) -> list:
-        return self.pool.map(fn, items)
-
-
-def center(screen, ref: int) -> tuple[float, float]:
-    left, top, w, h = screen.boxes[ref]
-    return left + w / 2, top + h / 2
-
-
-def ids_known(action: Action, screen) -> bool:
-    """The element ids an action names are on the screen's list."""
-    ref_args = {"click": 1, "double_click": 1, "scroll": 2, "type": 2}.get(action.verb)
-    return not (ref_args and len(action.args) == ref_args and action.args[0] not in screen.boxes)
-
-
-class MiniWoB(Backend):
-    """The `miniwob` backend: maps the action vocabulary onto MiniWoB++ in headless Chromium."""
-
-    def __init__(self, pool):
-        super().__init__(pool)
-        from tasks.miniwob_env import key_name
-        self.key_name = key_name
-
-    def reset(self, browser, task: Task):
-        return browser.reset(task.data["page"], task.data["seed"])
-
-    def valid(self, action: Action, screen) -> bool:
-        """Ids must be on the screen's list; keys must be ones MiniWoB can press."""
-        return ids_known(action, screen) and (action.verb != "key" or self.key_name(action.args[0]) is not None)
-
-    def step(self, browser, action: Action, screen):
-        """(screen after, done, score when done)."""
-        v, a = action.verb, action.args
-        if v in ("done", "fail"):   # the agent stops; MiniWoB's verdict is its current (unfinished) reward
-            return screen, True, 0.0
-        if v == "click":
-            kind, kw = ("CLICK_ELEMENT", {"ref": a[0]}) if len(a) == 1 else ("CLICK_COORDS", {"coords": a})
-        elif v == "double_click":
-            kind, kw = "DBLCLICK_COORDS", {"coords": center(screen, a[0]) if len(a) == 1 else a}
-        elif v == "type":
-            kind, kw = ("TYPE_TEXT", {"text": a[0]}) if len(a) == 1 else ("FOCUS_ELEMENT_AND_TYPE_TEXT",
-                                                                          {"ref": a[0], "text": a[1]})
-        elif v == "key":
-            kind, kw = "PRESS_KEY", {"key": self.key_name(a[0])}
-        elif v == "scroll":
-            where = center(screen, a[0]) if len(a) == 2 else (80.0, 105.0)  # the task area's middle
-            kind, kw = ("SCROLL_UP_COORDS" if a[-1] == "up" else "SCROLL_DOWN_COORDS"), {"coords": where}
-        else:
-            kind, kw = "NONE", {}
-        return browser.step(kind, **kw)
-
-    def final(self, browser) -> float:
-        return 0.0   # MiniWoB ends an episode itself when the task is solved; unfinished = not solved

@@ -22,9 +22,9 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from tasks import Task, TaskError
-from tasks.miniwob_env import Guarded, Pool, Screen, kill_tree
-from tasks.osworld import Action, Backend, center, ids_known
+from records import Task
+from tasks import TaskError
+from tasks.gui import Action, Backend, Guarded, Pool, Screen, center, ids_known, kill_tree
 
 NS = "https://accessibility.ubuntu.example.org/ns/"
 KEEP_SUFFIX = ("item", "button", "heading", "label", "scrollbar", "searchbox", "textbox", "link", "tabelement",

@@ -12,11 +12,13 @@ from types import SimpleNamespace
 
 import pytest
 
-import llm
+import models
 import loop
-from llm import Completion
-from tasks import Group, Rollout, Step, TaskError
+from records import Completion
+from records import Group, Rollout, Step
+from tasks import TaskError
 from tasks import alfworld as aw
+from tasks.agent import parse_choice
 from tasks import alfworld_games as games
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,7 +40,7 @@ def adapter(data):
     try:
         cfg = loop.parse_args(["--task", "alfworld", "--max-turns", "6"])
         ad = aw.Adapter(cfg)
-        ad.labels = True  # planner labels on every step, as in evaluation
+        ad.plan_labels = True  # planner labels on every step, as in evaluation
         return ad
     finally:
         del os.environ["ALFWORLD_DATA"]
@@ -72,15 +74,15 @@ def test_expert_wins_a_generated_game_of_each_type(data, task_type):
 
 
 def test_invalid_or_unparseable_action_costs_a_step(adapter):
-    task = adapter.splits["train"][0]
-    ep = adapter._start(task)
+    task = adapter.sets["train"][0]
+    ep = adapter.start(task, 0)
     state, _, _ = ep.env.step("fly to the moon")  # the engine itself: not admissible → "Nothing happens."
     assert state["feedback"] == "Nothing happens." and not state["won"]
     for text in ["I would go to the fridge", "\\boxed{999}", "\\boxed{}"]:
-        adapter._act(ep, "prompt", answer(text))
+        adapter.act(ep, "prompt", answer(text))
     assert len(ep.steps) == 3 and ep.invalid == 3 and not ep.won
     assert all(st.observation == "Nothing happens." and st.label == -1 for st in ep.steps)
-    adapter._act(ep, "prompt", answer(f"\\boxed{{{ep.admissible.index(ep.plan[0]) + 1}}}"))
+    adapter.act(ep, "prompt", answer(f"\\boxed{{{ep.admissible.index(ep.plan[0]) + 1}}}"))
     assert len(ep.steps) == 4 and ep.steps[-1].label == 1  # the episode went on
 
 
@@ -88,7 +90,7 @@ class ScriptedEngine:
     """A test double for an engine: fixed answers, the tiny model's tokenizer."""
 
     def __init__(self, text):
-        self.text, self.tokenizer = text, llm.load("tiny")[1]
+        self.text, self.tokenizer = text, models.load("tiny")[1]
 
     def generate(self, prompts, n=1, **kw):
         return [[Completion(self.text, [1], [2, 3], "stop") for _ in range(n)] for _ in prompts]
@@ -97,28 +99,28 @@ class ScriptedEngine:
 def test_rollout_batches_turns_and_unparseable_episodes_run_to_the_step_limit(adapter):
     cfg = SimpleNamespace(max_turns=4, max_new_tokens=4, top_p=1.0, temperature=1.0, m=2, rm_temperature=1.0,
                           rm_top_p=1.0, rm_max_new_tokens=4)
-    adapter.labels = False  # as in training: no planner, no labels
+    adapter.plan_labels = False  # as in training: no planner, no labels
     try:
-        groups = adapter.rollout(adapter.splits["train"][:2], 2, ScriptedEngine("no number here"), cfg)
+        groups = adapter.rollout(adapter.sets["train"][:2], 2, ScriptedEngine("no number here"), cfg)
     finally:
-        adapter.labels = True
+        adapter.plan_labels = True
     assert all(st.label is None for g in groups for ro in g.rollouts for st in ro.steps)
     assert [len(g.rollouts) for g in groups] == [2, 2]
     assert all(len(ro.steps) == 4 and ro.outcome == -1 and ro.info["invalid"] == 4 for g in groups for ro in g.rollouts)
     adapter.judge(groups, ScriptedEngine("Looks wrong. \\boxed{-1}"), cfg)
     st = groups[0].rollouts[0].steps[0]
-    assert st.verdicts == [-1, -1] and "Result: Nothing happens." in groups[0].rollouts[0].info["judge_prompts"][0]
+    assert st.verdicts == [-1, -1] and "Result: Nothing happens." in groups[0].rollouts[0].steps[0].judge_prompt
 
 
 def test_planner_labels_agree_with_the_expert_on_a_won_episode(adapter):
-    task = next(t for t in adapter.splits["train"] if t.data["task_type"] == "pick_heat_then_place_in_recep")
-    ep = adapter._start(task)
+    task = next(t for t in adapter.sets["train"] if t.data["task_type"] == "pick_heat_then_place_in_recep")
+    ep = adapter.start(task, 0)
     while not ep.won and len(ep.steps) < 30:
-        adapter._act(ep, "p", answer(f"\\boxed{{{ep.admissible.index(ep.plan[0]) + 1}}}"))
+        adapter.act(ep, "p", answer(f"\\boxed{{{ep.admissible.index(ep.plan[0]) + 1}}}"))
     assert ep.won and len(ep.steps) == task.data["plan"]
     assert [st.label for st in ep.steps] == [1] * len(ep.steps)
-    ep = adapter._start(task)  # a detour is off every shortest plan
-    adapter._act(ep, "p", answer(f"\\boxed{{{ep.admissible.index('look') + 1}}}"))
+    ep = adapter.start(task, 0)  # a detour is off every shortest plan
+    adapter.act(ep, "p", answer(f"\\boxed{{{ep.admissible.index('look') + 1}}}"))
     assert ep.steps[0].label == -1
 
 
@@ -127,13 +129,13 @@ def test_step_label_and_parse_choice_hand_worked():
     assert aw.step_label(["a", "b", "c"], ["x", "b", "c"], won=False) == -1   # a detour: no shorter
     assert aw.step_label(["a"], [], won=True) == 1
     assert aw.step_label([], [], won=False) == -1
-    assert aw.parse_choice("\\boxed{2}", 3) == 2
-    assert aw.parse_choice("first \\boxed{1} then \\boxed{ 3 }", 3) == 3
-    assert aw.parse_choice("\\boxed{4}", 3) is None and aw.parse_choice("3", 3) is None
+    assert parse_choice("\\boxed{2}", 3) == 2
+    assert parse_choice("first \\boxed{1} then \\boxed{ 3 }", 3) == 3
+    assert parse_choice("\\boxed{4}", 3) is None and parse_choice("3", 3) is None
 
 
 def test_rewrite_with_a_type_absent_from_the_scene_is_rejected(adapter):
-    root = next(t for t in adapter.splits["train"] if t.data["task_type"] == "pick_and_place_simple")
+    root = next(t for t in adapter.sets["train"] if t.data["task_type"] == "pick_and_place_simple")
     objects, receptacles = games.scene_types(aw.scene_of(root))
     absent = next(o for o in ("Television", "Laptop", "Pillow", "Kettle") if o not in objects)
     assert adapter.parse_rewrite(root, f"\\boxed{{{absent},{receptacles[0]}}}") is None
@@ -149,7 +151,7 @@ def test_e_summary_prompt_has_trajectory_and_high_risk_steps(adapter):
     """Released code: E summarizes each failed rollout from its numbered trajectory and the indices
     of the steps R judged −1 in every sample."""
     cfg = SimpleNamespace(max_turns=3, max_new_tokens=4, top_p=1.0, temperature=1.0)
-    [g] = adapter.rollout(adapter.splits["train"][:1], 1, ScriptedEngine("1}"), cfg)
+    [g] = adapter.rollout(adapter.sets["train"][:1], 1, ScriptedEngine("1}"), cfg)
     prompt = adapter.summary_prompt(g, 0, [0, 2])
     ro = g.rollouts[0]
     assert "within 3 steps" in prompt and "judged bad every time: 0, 2" in prompt and g.task.prompt in prompt
@@ -157,7 +159,7 @@ def test_e_summary_prompt_has_trajectory_and_high_risk_steps(adapter):
 
 
 def test_valid_rewrite_is_planner_checked_and_playable(adapter):
-    root = next(t for t in adapter.splits["train"] if t.data["task_type"] == "pick_and_place_simple")
+    root = next(t for t in adapter.sets["train"] if t.data["task_type"] == "pick_and_place_simple")
     scene = aw.scene_of(root)
     goal = next(g for g in (games.sample_goal(scene, "pick_and_place_simple", __import__("random").Random(k))
                             for k in range(20)) if (g.obj, g.recep) != (root.data["obj"], root.data["recep"]))
@@ -175,15 +177,15 @@ def test_official_files_route_loads_alfworld_download_layout(data, tmp_path):
     os.environ["ALFWORLD_DATA"] = str(official)
     try:
         ad = aw.Adapter(loop.parse_args(["--task", "alfworld"]))
-        ad.labels = True
+        ad.plan_labels = True
     finally:
         del os.environ["ALFWORLD_DATA"]
-    counts = {k: len(v) for k, v in ad.splits.items()}
+    counts = {k: len(v) for k, v in ad.sets.items()}
     assert counts == {k: len(list((data / "json_2.1.1" / f).glob("*/*/game.tw-pddl"))) for k, f in aw.SPLITS.items()}
-    root = next(t for t in ad.splits["train"] if t.data["task_type"] == "pick_and_place_simple")
+    root = next(t for t in ad.sets["train"] if t.data["task_type"] == "pick_and_place_simple")
     objects, receptacles = games.scene_types(aw.scene_of(root))
     assert root.data["obj"] in objects and root.data["recep"] in receptacles
-    ep = ad._start(root)
+    ep = ad.start(root, 0)
     assert root.prompt in ep.room and ep.plan
 
 
@@ -205,7 +207,7 @@ def test_task_defaults_apply_unless_a_flag_is_given():
 
 
 def test_variants_mode_moves_to_a_longer_or_shorter_plan(adapter):
-    root = next(t for t in adapter.splits["train"] if t.data["task_type"] == "pick_and_place_simple")
+    root = next(t for t in adapter.sets["train"] if t.data["task_type"] == "pick_and_place_simple")
     harder, easier = adapter.variant(root, "harder"), adapter.variant(root, "easier")
     assert harder is None or adapter.difficulty(harder) > adapter.difficulty(root)
     assert easier is None or adapter.difficulty(easier) < adapter.difficulty(root)

@@ -3,7 +3,7 @@ import json
 import random
 
 import environment as env
-from tasks import Group, Rollout, Step, Task
+from records import Group, Rollout, Step, Task
 
 
 def task(level):

@@ -12,8 +12,9 @@ from types import SimpleNamespace
 import pytest
 
 import environment as env
-from llm import Completion
-from tasks import Group, Rollout, Step, TaskError
+from records import Completion
+from records import Group, Rollout, Step
+from tasks import TaskError
 from tasks.livebench import (Adapter, extract_code, load_builtin, load_humaneval, load_livebench, run_gt,
                              run_tests)
 

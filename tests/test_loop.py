@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import llm
+import config
 import loop
+import models
+import rundir
 from tasks.livebench import load_builtin
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,18 +86,18 @@ def test_loop_trains_policy_and_rm_on_mixed_groups(tmp_path, monkeypatch):
     rows = load_builtin()
     solutions = {r["prompt"]: r["solution"] for r in rows}
     tests = {r["prompt"]: (r["tests"][0]["input"], r["tests"][0]["output"]) for r in rows}
-    real = llm.make_engines
-    monkeypatch.setattr(llm, "make_engines", lambda *a, **k: {name: ScriptedPolicy(e, solutions, tests)
+    real = loop.make_engines
+    monkeypatch.setattr(loop, "make_engines", lambda *a, **k: {name: ScriptedPolicy(e, solutions, tests)
                                                               for name, e in real(*a, **k).items()})
     before = {}
-    orig_load = llm.load
+    orig_load = models.load
 
     def load(name, seed=0):
         model, tok = orig_load(name, seed)
         before[id(model)] = [p.detach().clone() for p in model.parameters()]
         return model, tok
 
-    monkeypatch.setattr(llm, "load", load)
+    monkeypatch.setattr(loop, "load", load)
     cfg = loop.parse_args([*TINY, "--iterations", "2", "--runs-dir", str(tmp_path), "--name", "mixed",
                            "--humaneval-limit", "0", "--lr", "1e-3", "--rm-lr", "1e-3"])
     loop.train(cfg)
@@ -108,7 +110,7 @@ def test_loop_trains_policy_and_rm_on_mixed_groups(tmp_path, monkeypatch):
     # acc 0.5 is inside [α_low, α_high]: no proposals; every slot stays at its original
     slots = json.loads((tmp_path / "mixed" / "ckpt" / "env_state.json").read_text())
     assert all(s["active"]["id"] == sid for sid, s in slots.items())
-    saved = llm.load(str(tmp_path / "mixed" / "ckpt" / "policy"))[0]
+    saved = models.load(str(tmp_path / "mixed" / "ckpt" / "policy"))[0]
     first = next(iter(before.values()))
     assert any(not torch.equal(a, b) for a, b in zip(first, saved.parameters()))  # P moved
 
@@ -151,7 +153,7 @@ def test_lora_run_saves_adapters_resumes_and_evaluates(tmp_path):
     r = run_cli(["--runs-dir", str(tmp_path), "--name", "lora", "--resume", "--iterations", "2"])
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads((ckpt / "state.json").read_text()) == {"iteration": 2}
-    model, _ = llm.load(str(ckpt / "policy"))
+    model, _ = models.load(str(ckpt / "policy"))
     assert hasattr(model, "peft_config") and any(p.requires_grad for n, p in model.named_parameters() if "lora_" in n)
     r = run_cli([*TINY, "--eval-only", "--checkpoint", str(tmp_path / "lora"), "--humaneval-limit", "0"])
     assert r.returncode == 0 and "in_domain" in r.stdout, r.stderr[-3000:]
@@ -159,14 +161,14 @@ def test_lora_run_saves_adapters_resumes_and_evaluates(tmp_path):
 
 def test_recover_from_kill_between_renames(tmp_path):
     cfg = loop.parse_args(["--runs-dir", str(tmp_path), "--name", "r"])
-    run = loop.Run(cfg)
+    run = rundir.Run(cfg)
     run.create()
     (run.dir / "ckpt.old").mkdir()
     (run.dir / "ckpt.old" / "state.json").write_text('{"iteration": 4}')
     (run.dir / "ckpt.tmp").mkdir()   # incomplete: no state.json
     run.close()
     cfg.resume = True
-    run = loop.Run(cfg)
+    run = rundir.Run(cfg)
     assert run.state() == {"iteration": 4}
     run.close()
     assert not (run.dir / "ckpt.tmp").exists() and not (run.dir / "ckpt.old").exists()
@@ -203,8 +205,8 @@ def test_bad_input_is_one_line(tmp_path, args, needle):
 
 def test_every_numeric_flag_has_a_range_and_refuses_a_bad_value():
     numeric = {f.name for f in dataclasses.fields(loop.Config) if f.type in ("int", "float")}
-    assert numeric == {name for name, _, _ in loop.RANGES}          # a new numeric flag needs a range
-    for name, ok, _ in loop.RANGES:
+    assert numeric == {name for name, _, _ in config.RANGES}          # a new numeric flag needs a range
+    for name, ok, _ in config.RANGES:
         kind = next(f.type for f in dataclasses.fields(loop.Config) if f.name == name)
         flag = "--" + name.replace("_", "-")
         for bad in ((-10**9,) if kind == "int" else (-1e9, float("nan"), float("inf"))):
@@ -257,7 +259,7 @@ FAST = [*TINY, "--humaneval-limit", "0", "--eval-every", "-1"]
 
 def test_second_launch_on_a_locked_folder_names_the_holder(tmp_path):
     cfg = loop.parse_args(["--runs-dir", str(tmp_path), "--name", "busy"])
-    holder = loop.Run(cfg)                    # holds runs/busy/.lock for its lifetime
+    holder = rundir.Run(cfg)                    # holds runs/busy/.lock for its lifetime
     try:
         r = run_cli(["--model", "tiny", "--runs-dir", str(tmp_path), "--name", "busy", "--resume"])
         assert r.returncode == 2 and f"in use by another run (pid {os.getpid()})" in r.stderr, r.stderr
@@ -352,7 +354,7 @@ def test_ctrl_c_is_one_line_with_the_resume_command(tmp_path):
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted")
     assert f"--name c --runs-dir {tmp_path} --resume" in err
     cfg = loop.parse_args(["--runs-dir", str(tmp_path), "--name", "c", "--resume"])
-    loop.Run(cfg).close()                                     # free to take again
+    rundir.Run(cfg).close()                                     # free to take again
 
 
 def test_leftover_sandbox_folders_of_a_killed_run_are_removed_at_the_next_start(tmp_path):

@@ -6,8 +6,8 @@ import pytest
 import environment as env
 import policy
 import reward_model as rm
-from llm import Completion
-from tasks import Group, Rollout, Step, Task
+from records import Completion
+from records import Group, Rollout, Step, Task
 from tasks.livebench import coding_metrics
 
 
@@ -149,10 +149,11 @@ def test_policy_and_rm_samples_on_worked_example():
     b = Rollout("t", [_step([-1, -1], [_c(4), _c(5)]), _step([1, 0], [_c(6), _c(7)]),
                       _step([-1, -1], [_c(8), _c(9)])], -1)
     g = Group(task, [a, b])
-    samples = policy.policy_samples([g])
-    assert [st.reward for st in a.steps + b.steps] == [2.0, 1.0, -2.0, -0.5, -2.0]
+    samples, rewards = policy.policy_samples([g])
+    assert rewards == [[[2.0, 1.0], [-2.0, -0.5, -2.0]]]
+    assert [st.reward for st in a.steps + b.steps] == [2.0, 1.0, -2.0, -0.5, -2.0]   # also on the records
     assert [s.advantage for s in samples] == [1.0, 1.0, -1.0, -1.0, -2.0]
-    rs = rm.rm_samples([g], "steps")
+    rs = rm.rm_samples([g], rewards, "steps")
     # Eq. 3 on every step: A·0 raw [2,2] skip; A·1 raw [1,−1] → [1,−1]; B·0 raw [2,2] skip;
     # B·1 raw [−0.5,−2] → [1,−1]; B·2 raw [2,2] skip
     assert [(s.response_ids[0], s.advantage) for s in rs] == [(12, 1.0), (13, -1.0), (16, 1.0), (17, -1.0)]
@@ -161,20 +162,20 @@ def test_policy_and_rm_samples_on_worked_example():
 def test_policy_samples_acc_filter_and_reference_reward():
     task = Task("t", "p", {})
     solved = Group(task, [Rollout("t", [_step([1])], 1), Rollout("t", [_step([-1])], 1)])
-    assert policy.policy_samples([solved]) == []             # acc 1 > 7/8: left out
+    assert policy.policy_samples([solved])[0] == []          # acc 1 > 7/8: left out
     mixed = Group(task, [Rollout("t", [_step([])], 1, score=1.0), Rollout("t", [_step([])], -1, score=0.5),
                          Rollout("t", [_step([])], -1, score=0.0)])
-    s = policy.policy_samples([mixed], reward="reference")
+    s, _ = policy.policy_samples([mixed], reward="reference")
     sd = math.sqrt(((1 - 0.5) ** 2 + 0 + 0.5 ** 2) / 3)
     assert [x.advantage for x in s] == pytest.approx([0.5 / sd, -0.5 / sd])  # the 0 advantage is dropped
-    assert rm.rm_samples([solved], "steps") == []            # acc outside [0.2, 0.8]
+    assert rm.rm_samples([solved], [[[1.0], [1.0]]], "steps") == []   # acc outside [0.2, 0.8]
 
 
 def test_rm_samples_tests_kind():
     task = Task("t", "p", {})
     g = Group(task, [Rollout("t", [_step([])], 1), Rollout("t", [_step([])], -1)],
               tests=[_c(0), _c(1)], test_passes=[[True, True], [False, True]])
-    assert [(s.response_ids[0], s.advantage) for s in rm.rm_samples([g], "tests")] == [(10, 1.0), (11, -1.0)]
+    assert [(s.response_ids[0], s.advantage) for s in rm.rm_samples([g], [[[], []]], "tests")] == [(10, 1.0), (11, -1.0)]
 
 
 # ── Table 1 coding metrics ──
@@ -196,7 +197,7 @@ def test_rm_test_writer_trains_only_on_balanced_tasks():
     task = Task("t", "p", {})
     all_pass = Group(task, [Rollout("t", [_step([])], 1), Rollout("t", [_step([])], 1)],
                      tests=[_c(0), _c(1)], test_passes=[[True, False], [True, False]])
-    assert rm.rm_samples([all_pass], "tests") == []          # acc 1.0: left out (raw rewards would be [1, −1])
+    assert rm.rm_samples([all_pass], [[[], []]], "tests") == []          # acc 1.0: left out (raw rewards would be [1, −1])
 
 
 def test_reference_coding_reward_worked_example():
@@ -212,13 +213,13 @@ def test_reference_coding_reward_worked_example():
     def grp(scores):
         return Group(task, [Rollout("t", [_step([1, -1])], 1 if s == 1 else -1, score=s) for s in scores])
 
-    adv = [s.advantage for s in policy.policy_samples([grp([1.0, 0.5, 0.0, 0.0])], **kw)]
+    adv = [s.advantage for s in policy.policy_samples([grp([1.0, 0.5, 0.0, 0.0])], **kw)[0]]
     assert adv == pytest.approx([1.5076, 0.3015, -0.9045, -0.9045], abs=1e-4)
-    adv = [s.advantage for s in policy.policy_samples([grp([1.0, 0.5, 0.0])], **kw)]
+    adv = [s.advantage for s in policy.policy_samples([grp([1.0, 0.5, 0.0])], **kw)[0]]
     assert adv == pytest.approx([1.2247, 0.0, -1.2247], abs=1e-4)   # three samples: the zero stays
-    assert policy.policy_samples([grp([0.5, 0.0, 0.0])], **kw) == []          # acc 0: left out, though std > 0
-    assert policy.policy_samples([grp([1.0, 1.0, 1.0, 1.0, 1.0])], **kw) == []  # acc 1: left out
-    assert len(policy.policy_samples([grp([1.0, 1.0, 1.0, 1.0, 0.5])], **kw)) == 5  # acc 0.8: kept (inclusive)
+    assert policy.policy_samples([grp([0.5, 0.0, 0.0])], **kw)[0] == []          # acc 0: left out, though std > 0
+    assert policy.policy_samples([grp([1.0, 1.0, 1.0, 1.0, 1.0])], **kw)[0] == []  # acc 1: left out
+    assert len(policy.policy_samples([grp([1.0, 1.0, 1.0, 1.0, 0.5])], **kw)[0]) == 5  # acc 0.8: kept (inclusive)
 
 
 def test_reference_test_writer_reward_worked_example():
@@ -232,7 +233,7 @@ def test_reference_test_writer_reward_worked_example():
 # ── Eq. 5, per token ──
 def test_token_loss_hand_values_and_log_ratio_clamp():
     import torch
-    from llm import token_loss
+    from ppo import token_loss
     logp, old, adv = torch.tensor([[0.0, -1.0, -1.5]]), torch.tensor([[-1.0, -1.0, -1.0]]), torch.tensor([2.0])
     pg, kl, r = token_loss(logp, old, adv, clip_eps=0.2)
     # r = e, 1, e^−.5: A > 0 so min(r·A, clip(r)·A) = [1.2·2, 1·2, e^−.5·2]

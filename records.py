@@ -1,0 +1,84 @@
+"""The data one iteration passes around (paper §3, Algorithm 1): tasks, the rollouts P plays on them
+with R's verdicts on every step, the samples P and R train on, and the iteration's timings.
+
+Plain dataclasses, no behaviour beyond a group's accuracy. The loop owns them; policy.py,
+reward_model.py, environment.py and the adapters in tasks/ are functions over them.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Task:
+    id: str
+    prompt: str                    # what the policy is asked (problem statement, goal, ...)
+    data: dict                     # what the checker needs (tests, reference solution, scene, ...)
+    ladder: str | None = None      # variants of one task, easy → hard (E's `variants` mode)
+    level: int | None = None
+    origin: str | None = None      # how it came to be: "original", "variant", "generated"
+
+
+@dataclass
+class Completion:
+    """One sampled continuation: the text, its token ids and why it stopped."""
+    text: str
+    prompt_ids: list[int]
+    ids: list[int]          # response token ids, ending with eos when finish_reason == "stop"
+    finish_reason: str      # "stop" (eos) or "length" (max_new_tokens)
+
+
+@dataclass
+class Step:
+    """One policy step; also one training sample of its own."""
+    prompt: str
+    prompt_ids: list[int]
+    response: str
+    response_ids: list[int]
+    observation: str = ""                                     # what the environment answered
+    judge_prompt: str = ""                                    # what R is asked about this step (agent tasks)
+    verdicts: list[int] = field(default_factory=list)         # S_{τ_i,j} ∈ {+1, −1, 0}, j = 1..m
+    judgments: list[Completion] = field(default_factory=list)  # R's m outputs for this step (agent tasks)
+    reward: float = 0.0                                       # R_{τ_i}, Eq. 1
+    advantage: float = 0.0                                    # Eq. 2
+    label: int | None = None                                  # ground-truth step quality, where known
+
+
+@dataclass
+class Rollout:
+    task_id: str
+    steps: list[Step]
+    outcome: int          # O_τ ∈ {+1, −1}
+    score: float = 0.0    # a graded outcome where the setting has one (coding: share of GT tests passed)
+    info: dict = field(default_factory=dict)
+
+
+@dataclass
+class Group:
+    """The G rollouts of one task in one iteration, plus R's task-level outputs (coding: tests)."""
+    task: Task
+    rollouts: list[Rollout]
+    tests: list[Completion] = field(default_factory=list)       # coding: R's m generated tests
+    test_passes: list[list[bool]] = field(default_factory=list)  # coding: [program i][test k]
+
+    @property
+    def acc(self) -> float:
+        return sum(r.outcome > 0 for r in self.rollouts) / max(len(self.rollouts), 1)
+
+
+@dataclass
+class Sample:
+    """One training sequence for P or R: a constant advantage for every response token (Eq. 5)."""
+    prompt_ids: list[int]
+    response_ids: list[int]
+    advantage: float
+
+
+@contextmanager
+def stage(timings: dict, name: str):
+    """Adds the seconds spent inside the block to timings["time/<name>"] (an iteration's timings row)."""
+    t0 = time.perf_counter()
+    yield
+    timings[f"time/{name}"] = timings.get(f"time/{name}", 0.0) + time.perf_counter() - t0

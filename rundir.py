@@ -1,0 +1,199 @@
+"""The run folder (runs/<name>/): config, metrics, TensorBoard, the learning curve, readable samples,
+and the atomic checkpoint a killed run resumes from. Plumbing for loop.py's step 7 of Algorithm 1.
+"""
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+
+import environment as env
+from config import Config, ConfigError
+from models import save
+from records import stage
+
+class Run:
+    """runs/<name>/: config.json, metrics.jsonl, tb/, curve.png, samples/, and ckpt/ — the last finished
+    iteration's P, R (HF format + optimizer), environment slots and state, swapped in atomically.
+
+    The folder is locked (`.lock`, fcntl.flock) for the run's lifetime: a second launch on it stops
+    with the holder's pid. A folder with no finished iteration (killed during the initial eval) is
+    started again from scratch by --resume, with its saved config."""
+
+    def __init__(self, cfg: Config):
+        self.cfg, self.dir = cfg, Path(cfg.runs_dir) / cfg.name
+        self.ckpt = self.dir / "ckpt"
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._lock = open(self.dir / ".lock", "a+")
+        except OSError as e:
+            raise ConfigError(f"cannot create the run folder {self.dir}: {e.strerror}") from None
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.seek(0)
+            holder = self._lock.read().strip() or "?"
+            self._lock.close()
+            raise ConfigError(f"run folder {self.dir} is in use by another run (pid {holder})") from None
+        self.tb = None                 # TensorBoard, opened by `create`
+        self._lock.truncate(0)
+        self._lock.write(str(os.getpid()))
+        self._lock.flush()
+        self._recover()
+        self.fresh = not (self.ckpt / "state.json").exists()  # no finished iteration: start from scratch
+        if not cfg.resume and any(p.name != ".lock" for p in self.dir.iterdir()):
+            self.close()
+            raise ConfigError(f"run folder {self.dir} exists: pass --resume to continue it "
+                              + ("(it has no finished iteration: it restarts from scratch with its saved config)"
+                                 if self.fresh else "") + ", or another --name")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.tb is not None:
+            self.tb.close()
+        self.close()
+
+    def close(self) -> None:
+        """Release the lock; a folder that holds nothing else (a launch that failed early) is removed."""
+        if self._lock.closed:
+            return
+        if [p.name for p in self.dir.iterdir()] == [".lock"]:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        self._lock.close()
+
+    def create(self, start: int = 0) -> None:
+        """Called once the task and the models loaded, so a bad flag leaves no folder behind. `start`: the
+        last finished iteration (TensorBoard drops what a killed run logged after it)."""
+        from torch.utils.tensorboard import SummaryWriter
+
+        (self.dir / "samples").mkdir(parents=True, exist_ok=True)
+        (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(self.cfg), indent=2))
+        self.tb = SummaryWriter(self.dir / "tb", purge_step=start + 1 if self.cfg.resume else None)
+
+    def finish(self, iteration: int, row: dict, models: dict, slots, t_start: float | None = None) -> None:
+        """Close an iteration: write its checkpoint, its metrics line (metrics.jsonl, TensorBoard, the
+        curve), then make the checkpoint current. Adds time/checkpoint and time/iteration to the row."""
+        with stage(row, "checkpoint"):
+            self.prepare(models, slots)
+        if t_start is not None:
+            row["time/iteration"] = time.perf_counter() - t_start
+        row = {"iteration": iteration, **row}
+        for k, v in row.items():
+            if isinstance(v, (int, float)) and k != "iteration" and not math.isnan(v):
+                self.tb.add_scalar(k if "/" in k else f"charts/{k}", v, iteration)
+        self.tb.flush()
+        self.log(row)
+        plot_curve(self.metrics(), self.dir / "curve.png")
+        self.commit(iteration)
+
+    def _recover(self):
+        """A kill between the two renames of `commit` leaves ckpt.old (+ maybe a complete ckpt.tmp)."""
+        tmp, old = self.dir / "ckpt.tmp", self.dir / "ckpt.old"
+        if not self.ckpt.exists():
+            if (tmp / "state.json").exists():
+                os.replace(tmp, self.ckpt)
+            elif old.exists():
+                os.replace(old, self.ckpt)
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def state(self) -> dict:
+        return self.read_json("state.json")
+
+    def slots(self) -> dict:
+        """E's slots as the checkpoint left them."""
+        try:
+            return env.slots_from_json(self.read_json("env_state.json"))
+        except (TypeError, KeyError, AttributeError) as e:
+            raise ConfigError(f"--resume: {self.ckpt / 'env_state.json'} is damaged ({type(e).__name__})") from None
+
+    def read_json(self, name: str):
+        """A file of the checkpoint; a damaged one is a one-line error, not a traceback."""
+        try:
+            return json.loads((self.ckpt / name).read_text())
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"--resume: {self.ckpt / name} is damaged ({type(e).__name__}); "
+                              f"the checkpoint cannot be resumed") from None
+
+    def restart(self) -> None:
+        """--resume of a folder with no finished iteration: drop what the killed attempt wrote."""
+        for name in ("metrics.jsonl", "curve.png"):
+            (self.dir / name).unlink(missing_ok=True)
+        for name in ("tb", "samples", "ckpt.tmp"):
+            shutil.rmtree(self.dir / name, ignore_errors=True)
+
+    def prepare(self, models: dict, slots) -> None:
+        """Write the iteration's checkpoint to ckpt.tmp (the slow part); `commit` makes it current."""
+        tmp = self.dir / "ckpt.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        for name, (model, tok, optimizer) in models.items():
+            save(model, tok, tmp / name, optimizer)
+        (tmp / "env_state.json").write_text(json.dumps(env.slots_to_json(slots), indent=1))
+
+    def commit(self, iteration: int) -> None:
+        """Called after the iteration's metrics line is written."""
+        tmp, old = self.dir / "ckpt.tmp", self.dir / "ckpt.old"
+        (tmp / "state.json").write_text(json.dumps({"iteration": iteration}))  # written last: marks tmp complete
+        if self.ckpt.exists():
+            os.replace(self.ckpt, old)
+        os.replace(tmp, self.ckpt)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def metrics(self) -> list[dict]:
+        path = self.dir / "metrics.jsonl"
+        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+    def truncate_metrics(self, last: int) -> None:
+        """On resume: drop lines of an iteration that never finished (it will be redone)."""
+        kept = [r for r in self.metrics() if r["iteration"] <= last]
+        (self.dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+    def log(self, row: dict) -> None:
+        with open(self.dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def plot_curve(rows: list[dict], path: Path) -> None:
+    """Learning curve: training accuracy and the paper's Table 1 metrics per iteration."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = ["train/acc"] + sorted({k for r in rows for k in r if k.startswith("eval/") and not k.endswith("_se")})
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, group in zip(axes, (keys[:1], keys[1:])):
+        for k in group:
+            pts = [(r["iteration"], r[k]) for r in rows if k in r and not math.isnan(r[k])]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=k)
+        ax.set_xlabel("iteration")
+        if ax.lines:
+            ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    axes[0].set_title("training accuracy (active tasks)")
+    axes[1].set_title("eval: the paper's Table 1 columns")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_samples(groups, path: Path, limit: int = 4) -> None:
+    """Readable rollouts: the prompt, each response with its outcome, verdicts, reward and advantage."""
+    lines = []
+    for g in groups[:limit]:
+        lines += ["=" * 100, f"TASK {g.task.id} (acc {g.acc:.2f})", g.task.prompt.strip(), ""]
+        for r, ro in enumerate(g.rollouts):
+            for k, st in enumerate(ro.steps):
+                lines += [f"--- rollout {r} step {k} | outcome {ro.outcome:+d} | verdicts {st.verdicts} | "
+                          f"R {st.reward:+.3f} | A {st.advantage:+.3f} | {st.observation}", st.response.strip()]
+        for k, t in enumerate(g.tests):
+            lines += [f"--- R's test {k}", t.text.strip()]
+    path.write_text("\n".join(lines) + "\n")

@@ -1,0 +1,129 @@
+"""The multi-turn agent settings' shared episode runner (paper §4.1: ALFWorld, OSWorld; also the maze).
+
+An agent setting subclasses `AgentAdapter` and supplies four things: how an episode starts
+(`start`), P's prompt at the current state (`policy_prompt`), how an answer changes the state
+(`act`, which appends one Step, with the prompt R will judge it by), and how a finished episode
+scores (`outcome`). The rest is here, once:
+- batched play: at every turn ONE generate call serves every live episode of every task;
+- the groups of G rollouts per task;
+- R's judgments (m per step, one call; reward_model.judge_steps);
+- evaluation (success ± its standard error; R's Process Acc where steps carry labels, Outcome Acc);
+- the critic feedback E reads about failed rollouts.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+from engines import ANSWER_PREFIX, boxed, prefilled
+from records import Group, Rollout, Step, Task, stage
+from reward_model import agent_metrics, judge_steps
+from tasks import AdapterBase, accuracy, eval_groups
+
+HISTORY = 3   # P and R see the last HISTORY actions
+
+
+def parse_choice(text: str, n: int) -> int | None:
+    """The 1-based index in the last \\boxed{k} of an answer, if 1 <= k <= n (a numbered-menu action)."""
+    found = [b.strip() for b in boxed(text) if b.strip().isdigit()]
+    return int(found[-1]) if found and 1 <= int(found[-1]) <= n else None
+
+
+@dataclass(kw_only=True)
+class Episode:
+    """One live episode. Each setting subclasses it with the state it needs."""
+    task: Task
+    steps: list[Step] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)   # the actions taken, as P and R are shown them
+    done: bool = False          # the episode ended before the turn limit (won, or the agent stopped)
+    won: bool = False
+    invalid: int = 0            # answers that named no valid action (a wasted step each)
+
+
+class AgentAdapter(AdapterBase):
+    """A multi-turn setting: R judges steps (Eq. 3). Subclasses set `labels` when steps carry exact
+    ground-truth labels (Process Acc), `env_stage` to time their environment's share of a rollout,
+    and `judge_prefix` to prefill R's answer."""
+
+    judge_kind = "steps"
+    labels = True
+    env_stage: str | None = None
+    judge_prefix = ""
+
+    # — what a setting supplies —
+    def start(self, task: Task, k: int) -> Episode:
+        raise NotImplementedError
+
+    def policy_prompt(self, ep: Episode, tokenizer) -> str:
+        raise NotImplementedError
+
+    def act(self, ep: Episode, prompt: str, completion) -> None:
+        raise NotImplementedError
+
+    def outcome(self, ep: Episode) -> float:
+        """The episode's graded score; success is score > 0."""
+        return float(ep.won)
+
+    def info(self, ep: Episode) -> dict:
+        """What a rollout keeps for E's prompts and the logs."""
+        return {"invalid": ep.invalid, "actions": ep.actions}
+
+    def why_failed(self, ro: Rollout) -> str:
+        return "not solved"
+
+    # — P plays: every live episode in one generate call per turn —
+    def rollout(self, tasks: list[Task], G: int, engine, cfg, temperature: float | None = None,
+                max_turns: int | None = None) -> list[Group]:
+        with self.timed():
+            episodes = [self.start(t, k) for t in tasks for k in range(G)]
+        self.play(episodes, engine, cfg, temperature, max_turns or cfg.max_turns)
+        return [Group(t, [Rollout(t.id, ep.steps, 1 if self.outcome(ep) > 0 else -1, self.outcome(ep), info=self.info(ep))
+                          for ep in episodes[i * G:(i + 1) * G]]) for i, t in enumerate(tasks)]
+
+    def play(self, episodes: list[Episode], engine, cfg, temperature: float | None, max_turns: int) -> None:
+        """Batched play: at every turn ONE generate call serves every live episode (not done and under
+        max_turns steps), its answer prefilled with ANSWER_PREFIX; then `act_all` applies the answers."""
+        for _ in range(max_turns):
+            live = [ep for ep in episodes if not ep.done and len(ep.steps) < max_turns]
+            if not live:
+                return
+            prompts = [self.policy_prompt(ep, engine.tokenizer) for ep in live]
+            outs = prefilled(engine, prompts, ANSWER_PREFIX, n=1, max_new_tokens=cfg.max_new_tokens, top_p=cfg.top_p,
+                             temperature=cfg.temperature if temperature is None else temperature)
+            self.act_all([(ep, p + ANSWER_PREFIX, c) for ep, p, (c,) in zip(live, prompts, outs)])
+
+    def act_all(self, answers: list[tuple]) -> None:
+        """Apply one turn's answers, [(episode, prompt, completion)]; a setting may step them in parallel."""
+        with self.timed():
+            for a in answers:
+                self.act(*a)
+
+    def timed(self):
+        """Adds the time spent in the block to the setting's environment stage, if it times one."""
+        return stage(self.timings, self.env_stage) if self.env_stage else nullcontext()
+
+    # — R judges every step m times, in one batched call —
+    def judge(self, groups: list[Group], engine, cfg) -> None:
+        judge_steps(groups, engine, cfg, prefix=self.judge_prefix)
+
+    # — evaluation: the paper's Table 1 columns for an agent setting —
+    def evaluate(self, sets: dict[str, list[Task]], policy, rm, cfg) -> dict:
+        """Per eval set: success (± its standard error), and with R its Outcome Acc, and its Process Acc
+        where steps carry ground-truth labels (with the two references of reward_model.agent_metrics:
+        the majority label's share and the balanced accuracy)."""
+        out = {}
+        for name, mine in eval_groups(self, sets, policy, rm, cfg).items():
+            out[f"{name}/success"], out[f"{name}/success_se"] = accuracy(mine)
+            if rm is not None:
+                m = agent_metrics([ro for g in mine for ro in g.rollouts])
+                if self.labels:
+                    out |= {f"{name}/{k}": m[k] for k in ("process_acc", "process_majority", "process_bacc")}
+                out[f"{name}/outcome_acc"] = m["outcome_acc"]
+        return out
+
+    # — critic feedback for E —
+    def feedback(self, group: Group) -> str:
+        lines = [f"rollout {k}: {self.why_failed(ro)} after {len(ro.steps)} steps ({ro.info['invalid']} invalid "
+                 f"answers); actions: {'; '.join(ro.info['actions'][-4:])}"
+                 for k, ro in enumerate(group.rollouts) if ro.outcome < 0]
+        return "\n".join(lines[:4]) or f"all {len(group.rollouts)} rollouts succeeded"
