@@ -2,6 +2,9 @@
 
 The token log-probs are computed in sequence chunks (the [B, L, V] logits never exist at once),
 under bf16 autocast where bf16 is native; the optimizer is AdamW with a constant learning rate.
+Under torchrun (dist.py) each rank updates on its own samples; the loss is averaged over every
+rank's sequences and ranks with fewer micro-batches run zero-weight ones, so all ranks take the
+same steps. Without torchrun those lines change nothing.
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from pathlib import Path
 import torch
 from torch.utils.checkpoint import checkpoint
 
+import dist
 from models import amp_context
 from records import Sample
 
@@ -29,28 +33,39 @@ def _collate(samples: list[Sample], pad_id: int, device):
     return input_ids.to(device), attention.to(device), mask.to(device), adv.to(device)
 
 
-def token_logprobs(model, input_ids, attention, chunk: int = 256, amp: bool = True):
-    """log π(x_{t+1} | x_{≤t}) for every position: [B, L-1].
+class LogProbs(torch.nn.Module):
+    """log π(x_{t+1} | x_{≤t}) for every position, as a module around a causal LM: [B, L-1].
 
-    The vocabulary projection runs in sequence chunks under activation checkpointing,
-    so the full [B, L, V] fp32 logits never sit in memory at once.
-    """
-    with amp_context(amp):
-        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention).last_hidden_state[:, :-1]  # [B, L-1, H]
-    head = model.get_output_embeddings()
-    targets = input_ids[:, 1:]  # [B, L-1]
+    The vocabulary projection runs in sequence chunks under activation checkpointing, so the full
+    [B, L, V] fp32 logits never sit in memory at once. A module, not a function, so that FSDP2 can
+    wrap it as the root: every forward then passes through the root's hooks (dist.shard)."""
 
-    def chunk_logprobs(h, t):
+    def __init__(self, model, chunk: int = 256):
+        super().__init__()
+        self.model, self.chunk = model, chunk
+
+    def forward(self, input_ids, attention, amp: bool = True):
         with amp_context(amp):
-            logits = head(h)  # [B, c, V]
-        return torch.log_softmax(logits.float(), dim=-1).gather(-1, t.unsqueeze(-1)).squeeze(-1)  # [B, c]
+            hidden = self.model.get_decoder()(input_ids=input_ids, attention_mask=attention).last_hidden_state
+        hidden, targets = hidden[:, :-1], input_ids[:, 1:]  # [B, L-1, H], [B, L-1]
+        head = self.model.get_output_embeddings()
 
-    parts = []
-    for s in range(0, targets.shape[1], chunk):
-        h, t = hidden[:, s:s + chunk], targets[:, s:s + chunk]
-        parts.append(checkpoint(chunk_logprobs, h, t, use_reentrant=False) if torch.is_grad_enabled()
-                     else chunk_logprobs(h, t))
-    return torch.cat(parts, dim=1)  # [B, L-1]
+        def chunk_logprobs(h, t):
+            with amp_context(amp):
+                logits = head(h)  # [B, c, V]
+            return torch.log_softmax(logits.float(), dim=-1).gather(-1, t.unsqueeze(-1)).squeeze(-1)  # [B, c]
+
+        parts = []
+        for s in range(0, targets.shape[1], self.chunk):
+            h, t = hidden[:, s:s + self.chunk], targets[:, s:s + self.chunk]
+            parts.append(checkpoint(chunk_logprobs, h, t, use_reentrant=False) if torch.is_grad_enabled()
+                         else chunk_logprobs(h, t))
+        return torch.cat(parts, dim=1)  # [B, L-1]
+
+
+def token_logprobs(model, input_ids, attention, chunk: int = 256, amp: bool = True):
+    """`LogProbs` of a causal LM for one batch: [B, L-1]."""
+    return LogProbs(model, chunk)(input_ids, attention, amp)
 
 
 def token_loss(logp, logp_old, adv, clip_eps: float = 0.2, log_ratio_clamp: float = 10.0):
@@ -85,40 +100,52 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
     The loss is the token-mean per sequence, then the mean over the mini-batch.
     "Old" log-probs are recomputed here by the trained model, never taken from the sampler.
     """
-    if not samples:
+    if not dist.all_sum(len(samples)):
         return {}
-    device = next(model.parameters()).device
+    lp = model if isinstance(model, LogProbs) else LogProbs(model)
+    device = next(lp.parameters()).device
     samples = sorted(samples, key=lambda s: len(s.prompt_ids) + len(s.response_ids))  # similar lengths: less padding
     micro = [samples[i:i + micro_batch] for i in range(0, len(samples), micro_batch)]
     order = list(range(len(micro)))
     random.Random(seed).shuffle(order)
-    per_step = [order[s::steps] for s in range(steps) if order[s::steps]]  # `steps` mini-batches of micro-batches
-    model.train()
+    per_step = [order[s::steps] for s in range(steps)]   # `steps` mini-batches of micro-batches
+    blank = [Sample([pad_id], [pad_id], 0.0)]            # a zero-weight micro-batch (dist: equal work per rank)
+    lp.train()
     with torch.no_grad():  # π_old for the micro-batches that train after the first optimizer step; for the
         old = {}           # first mini-batch π_old = π_θ, so its own forward pass gives it (one pass saved)
-        for k in [k for group in per_step[1:] for k in group]:
-            ids, att, _, _ = _collate(micro[k], pad_id, device)
-            old[k] = token_logprobs(model, ids, att, amp=amp)  # [b, L-1]
+        later = [k for group in per_step[1:] for k in group]
+        for k in later + [None] * (dist.all_max(len(later)) - len(later)):
+            ids, att, _, _ = _collate(micro[k] if k is not None else blank, pad_id, device)
+            old[k] = lp(ids, att, amp=amp)  # [b, L-1]
     stats = {"loss": [], "clipfrac": [], "kl": [], "grad_norm": []}
     for group in per_step:
+        n_seq = dist.all_sum(sum(len(micro[k]) for k in group))   # the mini-batch's sequences, every rank's
+        if not n_seq:
+            continue
         optimizer.zero_grad(set_to_none=True)
-        n_seq = sum(len(micro[k]) for k in group)
-        for k in group:
-            ids, att, mask, adv = _collate(micro[k], pad_id, device)
-            logp = token_logprobs(model, ids, att, amp=amp)                           # [b, L-1]
+        for k in group + [None] * (dist.all_max(len(group)) - len(group)):
+            ids, att, mask, adv = _collate(micro[k] if k is not None else blank, pad_id, device)
+            logp = lp(ids, att, amp=amp)                                              # [b, L-1]
             logp_old = old[k] if k in old else logp.detach()                          # [b, L-1]
             pg, kl, ratio = token_loss(logp, logp_old, adv, clip_eps, log_ratio_clamp)  # [b, L-1] each
             per_seq = ((pg + kl_beta * kl) * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [b] token-mean
-            (per_seq.sum() / n_seq).backward()                                        # mean over mini-batch
+            if k is None:
+                per_seq = per_seq * 0.0
+            # mean over the mini-batch (FSDP2 averages the gradients over the ranks: × world size)
+            (per_seq.sum() * dist.world_size() / n_seq).backward()
+            if k is None:
+                continue
             with torch.no_grad():
                 denom = mask.sum().clamp(min=1)
                 stats["loss"].append(per_seq.mean().item())
                 stats["clipfrac"].append((((ratio - 1).abs() > clip_eps).float() * mask).sum().item() / denom.item())
                 stats["kl"].append(((kl * mask).sum() / denom).item())
-        stats["grad_norm"].append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)))
+        norm = torch.nn.utils.clip_grad_norm_(lp.parameters(), max_grad_norm)
+        stats["grad_norm"].append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
         optimizer.step()
-    model.eval()
-    return {k: sum(v) / len(v) for k, v in stats.items() if v} | {"samples": len(samples), "steps": len(per_step)}
+    lp.eval()
+    return {k: sum(v) / len(v) for k, v in stats.items() if v} | {"samples": len(samples),
+                                                                   "steps": len(stats["grad_norm"])}
 
 
 def make_optimizer(model, lr: float):

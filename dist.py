@@ -1,0 +1,96 @@
+"""Plumbing: running the loop on several processes (torchrun), for models that outgrow one device.
+
+The design is TRL's colocate mode and verl's hybrid engine, kept small: every rank runs the whole
+loop on its own share of the tasks, trains one FSDP2-sharded copy of P and R, and samples with its
+own engine. Launched without torchrun, every function here is the single-process identity, so a
+reader of the method can skip this file.
+
+- Process group: `init()` reads torchrun's environment (RANK, WORLD_SIZE, ...); NCCL on GPU, gloo on CPU.
+- Training: `shard()` applies FSDP2 (`fully_shard`) to each decoder layer, then to the root, which is the
+  log-prob module of ppo.py (so every forward goes through the root's hooks).
+- Equal work: ranks hold different sample counts (zero advantages are dropped), but every optimizer
+  step must run the same collectives on every rank; `all_max` sizes the padding, `all_sum` the
+  global sequence count the loss is averaged over (ppo.ppo_update).
+- Data: tasks are sharded, not rollouts (`shard_tasks`), so a group stays on one rank and Eq. 2 / Eq. 3
+  stay local; `gather` collects what E and the logs need from every rank.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as td
+
+
+def active() -> bool:
+    return td.is_available() and td.is_initialized()
+
+
+def rank() -> int:
+    return td.get_rank() if active() else 0
+
+
+def world_size() -> int:
+    return td.get_world_size() if active() else 1
+
+
+def init() -> tuple[int, int]:
+    """Join torchrun's process group when launched by torchrun; (rank, world size), (0, 1) otherwise."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and not active():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        td.init_process_group(backend)
+    return rank(), world_size()
+
+
+def _reduce(x: float, op) -> float:
+    if not active():
+        return x
+    t = torch.tensor([float(x)], dtype=torch.float64,
+                     device="cuda" if td.get_backend() == "nccl" else "cpu")
+    td.all_reduce(t, op=op)
+    return t.item()
+
+
+def all_sum(x: float) -> float:
+    return _reduce(x, td.ReduceOp.SUM)
+
+
+def all_max(x: int) -> int:
+    return int(_reduce(x, td.ReduceOp.MAX))
+
+
+def gather(obj) -> list:
+    """Every rank's `obj`, in rank order, on every rank ([obj] without torchrun)."""
+    if not active():
+        return [obj]
+    out = [None] * world_size()
+    td.all_gather_object(out, obj)
+    return out
+
+
+def shard_tasks(items: list) -> list:
+    """This rank's share of a list: items[rank::world]."""
+    return items[rank()::world_size()]
+
+
+def shard(module, layers, bf16: bool = False):
+    """FSDP2 on each decoder layer, then on the root `module` (call before building the optimizer)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    for layer in layers:
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(module, mp_policy=mp)
+    return module
+
+
+def full_state_dict(model) -> dict[str, torch.Tensor]:
+    """The model's full (unsharded) weights, on every rank, on the CPU. A collective: every rank must call it."""
+    if not active():
+        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    return {k: v.detach().cpu() for k, v in full.items()}

@@ -1,0 +1,47 @@
+"""Run by tests/test_dist.py under torchrun (2 ranks, gloo, CPU): FSDP2-sharded PPO updates (Eq. 5) on
+unequal sample counts per rank. Rank 0 saves the full weights after each update for the test to compare."""
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import dist  # noqa: E402
+from models import load  # noqa: E402
+from ppo import LogProbs, make_optimizer, ppo_update  # noqa: E402
+from records import Sample  # noqa: E402
+
+TEXTS = ["the cat sat", "a b c d e", "print(1)", "x = 2 + 2; y = x * 3"]
+ADVANTAGES = [1.0, -1.0, 0.5, -0.5]
+
+
+def fixed_samples(tok) -> list[Sample]:
+    prompt = tok("question: ", add_special_tokens=False)["input_ids"]
+    return [Sample(prompt, tok(t, add_special_tokens=False)["input_ids"], a) for t, a in zip(TEXTS, ADVANTAGES)]
+
+
+def share(samples: list[Sample], rank: int) -> list[Sample]:
+    """Unequal on purpose: rank 0 holds 3 samples, rank 1 holds 1."""
+    return samples[:3] if rank == 0 else samples[3:]
+
+
+def update(lp, optimizer, samples, pad_id, steps):
+    return ppo_update(lp, optimizer, samples, pad_id, steps=steps, micro_batch=1, amp=False, seed=1)
+
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1])
+    rank, world = dist.init()
+    model, tok = load("tiny", seed=0)
+    lp = dist.shard(LogProbs(model), model.model.layers)
+    optimizer = make_optimizer(lp, 1e-2)
+    mine = share(fixed_samples(tok), rank)
+    for call, steps in enumerate((1, 2)):   # 2 steps: rank 1 has an empty mini-batch and must pad it
+        stats = update(lp, optimizer, mine, tok.pad_token_id, steps)
+        weights = {k.removeprefix("model."): v for k, v in dist.full_state_dict(lp).items()}
+        if rank == 0:
+            torch.save({"weights": weights, "grad_norm": stats["grad_norm"]}, out / f"update{call}.pt")
+    dist.gather(rank)   # every rank got here
+    torch.distributed.destroy_process_group()
