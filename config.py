@@ -48,7 +48,8 @@ class Config:
     ablation: str = opt("full", "paper Table 1 row", choices=list(ABLATIONS))
     tasks_per_iter: int = opt(4, "active tasks per iteration (pending rewrites come on top)")
     group_size: int = opt(8, "G: rollouts per task")
-    m: int = opt(4, "R samples per step (coding: generated tests per task)")
+    m: int = opt(4, "R samples per step (coding: generated tests per task); under torchrun write --judgments "
+                 "(torchrun reads --m as an abbreviation of its own flags)", aliases=["--judgments"])
     preset: str = opt("", "reference: the released code's configuration for this setting, method and scale "
                       "(see docs/METHOD.md); flags given on the command line still win", choices=["", "reference"])
     lam: float = opt(1.0, "λ of Eq. 1 (forced to 0 by --ablation grpo)")
@@ -141,16 +142,16 @@ def _parser(defaults: dict | None) -> _Parser:
         groups |= dict.fromkeys(names, group)
     released = tasks.reference(defaults["task"]) if defaults else {}
     for f in dataclasses.fields(Config):
-        flag = "--" + f.name.replace("_", "-")
+        flags = ["--" + f.name.replace("_", "-"), *f.metadata.get("aliases", [])]
         default = argparse.SUPPRESS if defaults is None else defaults[f.name]
         note = f" [released code: {released[f.name]}]" if f.name in released and released[f.name] != default else ""
-        kw = {k: v for k, v in f.metadata.items() if k != "help"}
+        kw = {k: v for k, v in f.metadata.items() if k not in ("help", "aliases")}
         where = groups.get(f.name, parser)
         if f.type == "bool":
-            where.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
+            where.add_argument(*flags, action=argparse.BooleanOptionalAction, default=default,
                                help=f.metadata["help"] + note)
         else:
-            where.add_argument(flag, type={"int": int, "float": float}.get(f.type, str), default=default,
+            where.add_argument(*flags, type={"int": int, "float": float}.get(f.type, str), default=default,
                                help=f.metadata["help"] + note, **kw)
     return parser
 
@@ -260,3 +261,18 @@ def parse_args(argv=None) -> Config:
         cfg.amp = False
     cfg.name = _run_name(cfg)
     return cfg
+
+
+def check_distributed(cfg: Config, world: int) -> None:
+    """Under torchrun (world > 1), what the multi-process path does not cover yet is a one-line error,
+    never a silent change; --engine auto samples with the transformers engine there, and says so."""
+    if world == 1:
+        return
+    unsupported = [(cfg.lora_rank, "--lora-rank"), (not cfg.fresh_optimizer, "--no-fresh-optimizer"),
+                   (cfg.engine == "vllm", "--engine vllm"), (cfg.eval_only, "--eval-only")]
+    for bad, flag in unsupported:
+        if bad:
+            raise ConfigError(f"{flag} is not supported under torchrun yet (run it in one process)")
+    if cfg.engine == "auto":
+        print("[loop] torchrun: each rank samples with the transformers engine (the vLLM route is not built yet)")
+        cfg.engine = "hf"

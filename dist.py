@@ -75,6 +75,21 @@ def shard_tasks(items: list) -> list:
     return items[rank()::world_size()]
 
 
+def unshard(mine: list) -> list:
+    """The inverse of `shard_tasks`: every rank's items back in their original order, on every rank."""
+    parts = gather(mine)
+    return [parts[i % len(parts)][i // len(parts)] for i in range(sum(map(len, parts)))]
+
+
+def on_rank0(fn):
+    """fn() computed on rank 0 only, its result sent to every rank (decisions that must agree: E's)."""
+    if not active():
+        return fn()
+    box = [fn() if rank() == 0 else None]
+    td.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def shard(module, layers, bf16: bool = False):
     """FSDP2 on each decoder layer, then on the root `module` (call before building the optimizer)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -94,3 +109,19 @@ def full_state_dict(model) -> dict[str, torch.Tensor]:
 
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     return {k: v.detach().cpu() for k, v in full.items()}
+
+
+class Synced:
+    """The engine of a sharded model: it samples from a full copy of the weights (`engine.model`), which
+    `sync()` refreshes from the shards after every update (a collective), then pushes to the engine."""
+
+    def __init__(self, engine, trainer):
+        self.engine, self.trainer, self.tokenizer = engine, trainer, engine.tokenizer
+
+    def generate(self, *args, **kw):
+        return self.engine.generate(*args, **kw)
+
+    def sync(self) -> None:
+        full = {k.removeprefix("model."): v for k, v in full_state_dict(self.trainer).items()}
+        self.engine.model.load_state_dict(full)
+        self.engine.sync()

@@ -20,6 +20,7 @@ engines.py (loading and sampling), ppo.py (Eq. 5), tasks/ (the settings).
 """
 from __future__ import annotations
 
+import copy
 import ctypes
 import functools
 import math
@@ -31,16 +32,17 @@ import sys
 import time
 from pathlib import Path
 
+import dist
 import environment as env
 import policy
 import reward_model
 import tasks
-from config import ABLATIONS, Config, ConfigError, parse_args
+from config import ABLATIONS, Config, ConfigError, check_distributed, parse_args
 from engines import make_engines, sync_seconds
 from models import ModelError, add_lora, load, seed_everything
-from ppo import load_optimizer, make_optimizer, ppo_update
+from ppo import LogProbs, load_optimizer, make_optimizer, ppo_update
 from records import stage
-from rundir import Run, write_samples
+from rundir import Run
 from tasks import sandbox
 
 __all__ = ["ABLATIONS", "Config", "ConfigError", "parse_args", "train", "main"]
@@ -55,27 +57,29 @@ def train(cfg: Config) -> Path:
         adapter, slots, models, engines, start = setup(cfg, run, use_rm, adapt_env)
         for it in range(start + 1, cfg.iterations + 1):
             t_start, timings, synced = time.perf_counter(), {}, sync_seconds(engines)
-            seed_everything(iteration_seed(cfg, it))  # a resumed run replays exactly
+            seed_everything(iteration_seed(cfg, it) + dist.rank())  # a resumed run replays exactly
 
             # 1. pick the iteration's tasks: active versions + every pending rewrite
             picked = env.pick_tasks(slots, cfg.tasks_per_iter, random.Random(iteration_seed(cfg, it)))
             is_active = [t.id == slots[sid].active.id for sid, t in picked]
-            # 2. P plays G rollouts per task (batched)
+            # 2. P plays G rollouts per task (batched; under torchrun each rank plays its share of the tasks)
             with stage(timings, "rollout"):
-                groups = adapter.rollout([t for _, t in picked], cfg.group_size, engines["policy"], cfg)
+                groups = adapter.rollout(dist.shard_tasks([t for _, t in picked]), cfg.group_size, engines["policy"], cfg)
             # 3. R judges every step m times (coding: writes m tests; every program runs on them)
             if use_rm:
                 with stage(timings, "judge"):
                     adapter.judge(groups, engines["reward_model"], cfg)
+            groups = dist.unshard(groups)   # every rank's groups, in the order of `picked`
             # 4. E decides the pending rewrites (Eq. 4) and proposes new ones for slots outside [α_low, α_high]
             train_groups, env_stats = [g for g, a in zip(groups, is_active) if a], {}
             if adapt_env:
                 with stage(timings, "environment"):
-                    train_groups, env_stats = env.update(
+                    slots, train_groups, env_stats = dist.on_rank0(lambda: (slots, *env.update(
                         slots, picked, groups, adapter, cfg.env_mode, engines.get("environment"), low=cfg.alpha_low,
                         high=cfg.alpha_high, retries=cfg.env_retries, temperature=cfg.env_temperature,
-                        top_p=cfg.env_top_p, max_new_tokens=cfg.env_max_new_tokens, iteration=it)
-            # 5. policy samples (Eq. 1-2) and reward-model samples (Eq. 3)
+                        top_p=cfg.env_top_p, max_new_tokens=cfg.env_max_new_tokens, iteration=it)))
+            # 5. policy samples (Eq. 1-2) and reward-model samples (Eq. 3), from this rank's share of the groups
+            train_groups = dist.shard_tasks(train_groups)
             p_samples, step_rewards = policy.policy_samples(
                 train_groups, cfg.lam, not cfg.zero_single, cfg.coding_reward, (cfg.acc_lower, cfg.acc_upper),
                 cfg.drop_zero_adv)
@@ -89,14 +93,21 @@ def train(cfg: Config) -> Path:
                     stats |= optimize(cfg, models["reward_model"], engines["reward_model"], r_samples, it, "rm")
             # 7. log, evaluate every --eval-every iterations, checkpoint
             row = iteration_row(groups, is_active, p_samples, r_samples, slots, env_stats) | stats
-            write_samples(groups, run.dir / "samples" / f"iter_{it:04d}.txt")
-            if cfg.eval_every > 0 and it % cfg.eval_every == 0 or it == cfg.iterations and cfg.eval_every >= 0:
+            run.samples(groups, it)
+            if eval_due(cfg, it):
                 with stage(timings, "eval"):
                     row |= evaluate(cfg, adapter, engines)
             timings |= adapter.pop_timings() | {"time/sync": sync_seconds(engines) - synced}
             run.finish(it, row | timings | memory(), models, slots, t_start)
-            print(summary(it, row | timings), flush=True)
+            if run.writer:
+                print(summary(it, row | timings), flush=True)
     return run.dir
+
+
+def eval_due(cfg: Config, it: int) -> bool:
+    """Every --eval-every iterations and after the last (-1: never). Under torchrun rank 0 evaluates."""
+    due = cfg.eval_every > 0 and it % cfg.eval_every == 0 or it == cfg.iterations and cfg.eval_every >= 0
+    return due and dist.rank() == 0
 
 
 def iteration_seed(cfg: Config, it: int) -> int:
@@ -126,14 +137,14 @@ def setup(cfg: Config, run: Run, use_rm: bool, adapt_env: bool):
     env_init = cfg.env_model or cfg.model if adapt_env and cfg.env_mode == "generate" else ""
     models, engines = build_models(cfg, use_rm, policy_init, rm_init, env_init)
     if cfg.resume:
-        for name, (_, _, optimizer) in models.items():
+        for name, (_, _, optimizer, _) in models.items():
             if optimizer is not None and not load_optimizer(optimizer, run.ckpt / name):
                 print(f"[loop] warning: {run.ckpt / name / 'optimizer.pt'} is missing: "
                       f"{name} goes on with a fresh AdamW state", flush=True)
     run.create(start)
     if not cfg.resume:   # "before": evaluate the initial models (unless --eval-every -1), commit iteration 0
         results = {}
-        if cfg.eval_every >= 0:
+        if cfg.eval_every >= 0 and dist.rank() == 0:
             seed_everything(cfg.seed)
             t0 = time.perf_counter()
             results = evaluate(cfg, adapter, engines)
@@ -147,11 +158,11 @@ def setup(cfg: Config, run: Run, use_rm: bool, adapt_env: bool):
 def optimize(cfg: Config, model_tok_opt, engine, samples, it: int, name: str) -> dict:
     """Eq. 5 on one model (ppo.ppo_update), then sync its engine. With --fresh-optimizer (the released
     code) every iteration starts from a new AdamW; otherwise the run's optimizer carries its moments over."""
-    model, tok, optimizer = model_tok_opt
-    optimizer = optimizer or make_optimizer(model, cfg.lr if name == "policy" else cfg.rm_lr)
+    _, tok, optimizer, trainer = model_tok_opt
+    optimizer = optimizer or make_optimizer(trainer, cfg.lr if name == "policy" else cfg.rm_lr)
     if 0 < cfg.max_train_samples < len(samples):  # a compute budget per iteration, not in the paper
         samples = random.Random(iteration_seed(cfg, it)).sample(samples, cfg.max_train_samples)
-    stats = ppo_update(model, optimizer, samples, tok.pad_token_id, steps=cfg.policy_steps if name == "policy"
+    stats = ppo_update(trainer, optimizer, samples, tok.pad_token_id, steps=cfg.policy_steps if name == "policy"
                        else cfg.rm_steps, clip_eps=cfg.clip_eps, kl_beta=cfg.kl_beta, micro_batch=cfg.micro_batch,
                        amp=cfg.amp, seed=it, log_ratio_clamp=cfg.log_ratio_clamp)
     engine.sync()
@@ -163,7 +174,7 @@ def iteration_row(groups, is_active, p_samples, r_samples, slots, env_stats) -> 
     """What one iteration logs about its rollouts, samples and slots (metrics.jsonl, TensorBoard)."""
     return {"train/acc": _mean(g.acc for g, a in zip(groups, is_active) if a),
             "train/rewrite_acc": _mean(g.acc for g, a in zip(groups, is_active) if not a), "train/tasks": len(groups),
-            "train/policy_samples": len(p_samples), "train/rm_samples": len(r_samples),
+            "train/policy_samples": int(dist.all_sum(len(p_samples))), "train/rm_samples": int(dist.all_sum(len(r_samples))),
             "train/verdict_mean": _mean([v for g in groups for ro in g.rollouts for st in ro.steps for v in st.verdicts]),
             "env/mean_level": _mean([s.active.level for s in slots.values() if s.active.level is not None]),
             **{f"env/{k}": v for k, v in env_stats.items()}}
@@ -182,8 +193,9 @@ def evaluate(cfg, adapter, engines) -> dict:
 # ───────────────────────────── models ─────────────────────────────
 
 def build_models(cfg: Config, use_rm: bool, policy_init: str, rm_init: str, env_init: str = ""):
-    """(name → (model, tokenizer, optimizer)) for the trained P and R, plus the engines of P, R and the
-    frozen E (only when `env_init` is given: E writes tasks in generate mode)."""
+    """(name → (model, tokenizer, optimizer, trainer)) for the trained P and R, plus the engines of P, R
+    and the frozen E (only when `env_init` is given: E writes tasks in generate mode). The trainer is
+    what Eq. 5 updates: the model itself, or under torchrun its FSDP2-sharded copy (dist.py)."""
     models = {}
     for name, init, lr, wanted in (("policy", policy_init, cfg.lr, True), ("reward_model", rm_init, cfg.rm_lr, use_rm)):
         if wanted:
@@ -192,13 +204,19 @@ def build_models(cfg: Config, use_rm: bool, policy_init: str, rm_init: str, env_
                 model = add_lora(model, cfg.lora_rank)
             if cfg.grad_checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            models[name] = (model, tok, None if cfg.fresh_optimizer else make_optimizer(model, lr))
-    to_serve = {k: (m, t) for k, (m, t, _) in models.items()}
+            trainer = model
+            if dist.active():   # train a sharded copy; `model` keeps the full weights the engine samples from
+                trainer = copy.deepcopy(model)
+                trainer = dist.shard(LogProbs(trainer), trainer.get_decoder().layers)
+            models[name] = (model, tok, None if cfg.fresh_optimizer else make_optimizer(trainer, lr), trainer)
+    to_serve = {k: (m, t) for k, (m, t, _, _) in models.items()}
     if env_init:
         to_serve["environment"] = load(env_init, cfg.seed)
     t0 = time.perf_counter()
     engines = make_engines(cfg.engine, to_serve, batch_size=cfg.gen_batch, amp=cfg.amp, seed=cfg.seed,
-                               max_model_len=cfg.max_model_len, gpu_memory_utilization=cfg.vllm_gpu_memory)
+                           max_model_len=cfg.max_model_len, gpu_memory_utilization=cfg.vllm_gpu_memory)
+    if dist.active():   # each rank samples from a full copy, refreshed from the shards after every update
+        engines |= {k: dist.Synced(engines[k], models[k][3]) for k in models}
     print(f"[loop] engine {cfg.engine}: {type(engines['policy']).__name__} for {', '.join(engines)} "
           f"(ready in {time.perf_counter() - t0:.0f}s)", flush=True)
     return models, engines
@@ -284,6 +302,7 @@ def main(argv=None) -> int:
     cfg = None
     try:
         cfg = parse_args(argv)
+        check_distributed(cfg, dist.init()[1])
         if cfg.eval_only:
             eval_only(cfg)
         else:

@@ -12,6 +12,7 @@ import shutil
 import time
 from pathlib import Path
 
+import dist
 import environment as env
 from config import Config, ConfigError
 from models import save
@@ -27,7 +28,11 @@ class Run:
 
     def __init__(self, cfg: Config):
         self.cfg, self.dir = cfg, Path(cfg.runs_dir) / cfg.name
-        self.ckpt = self.dir / "ckpt"
+        self.ckpt, self.tb, self.writer = self.dir / "ckpt", None, dist.rank() == 0
+        if not self.writer:   # under torchrun rank 0 owns the folder; the other ranks read the checkpoint
+            dist.gather(None)  # after rank 0 has checked and recovered it
+            self.fresh = not (self.ckpt / "state.json").exists()
+            return
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._lock = open(self.dir / ".lock", "a+")
@@ -40,7 +45,6 @@ class Run:
             holder = self._lock.read().strip() or "?"
             self._lock.close()
             raise ConfigError(f"run folder {self.dir} is in use by another run (pid {holder})") from None
-        self.tb = None                 # TensorBoard, opened by `create`
         self._lock.truncate(0)
         self._lock.write(str(os.getpid()))
         self._lock.flush()
@@ -51,6 +55,7 @@ class Run:
             raise ConfigError(f"run folder {self.dir} exists: pass --resume to continue it "
                               + ("(it has no finished iteration: it restarts from scratch with its saved config)"
                                  if self.fresh else "") + ", or another --name")
+        dist.gather(None)
 
     def __enter__(self):
         return self
@@ -62,7 +67,7 @@ class Run:
 
     def close(self) -> None:
         """Release the lock; a folder that holds nothing else (a launch that failed early) is removed."""
-        if self._lock.closed:
+        if not self.writer or self._lock.closed:
             return
         if [p.name for p in self.dir.iterdir()] == [".lock"]:
             shutil.rmtree(self.dir, ignore_errors=True)
@@ -73,6 +78,8 @@ class Run:
         last finished iteration (TensorBoard drops what a killed run logged after it)."""
         from torch.utils.tensorboard import SummaryWriter
 
+        if not self.writer:
+            return
         (self.dir / "samples").mkdir(parents=True, exist_ok=True)
         (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(self.cfg), indent=2))
         self.tb = SummaryWriter(self.dir / "tb", purge_step=start + 1 if self.cfg.resume else None)
@@ -80,6 +87,8 @@ class Run:
     def finish(self, iteration: int, row: dict, models: dict, slots, t_start: float | None = None) -> None:
         """Close an iteration: write its checkpoint, its metrics line (metrics.jsonl, TensorBoard, the
         curve), then make the checkpoint current. Adds time/checkpoint and time/iteration to the row."""
+        if not self.writer:
+            return
         with stage(row, "checkpoint"):
             self.prepare(models, slots)
         if t_start is not None:
@@ -124,6 +133,8 @@ class Run:
 
     def restart(self) -> None:
         """--resume of a folder with no finished iteration: drop what the killed attempt wrote."""
+        if not self.writer:
+            return
         for name in ("metrics.jsonl", "curve.png"):
             (self.dir / name).unlink(missing_ok=True)
         for name in ("tb", "samples", "ckpt.tmp"):
@@ -134,7 +145,7 @@ class Run:
         tmp = self.dir / "ckpt.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        for name, (model, tok, optimizer) in models.items():
+        for name, (model, tok, optimizer, _) in models.items():
             save(model, tok, tmp / name, optimizer)
         (tmp / "env_state.json").write_text(json.dumps(env.slots_to_json(slots), indent=1))
 
@@ -147,12 +158,18 @@ class Run:
         os.replace(tmp, self.ckpt)
         shutil.rmtree(old, ignore_errors=True)
 
+    def samples(self, groups, iteration: int) -> None:
+        if self.writer:
+            write_samples(groups, self.dir / "samples" / f"iter_{iteration:04d}.txt")
+
     def metrics(self) -> list[dict]:
         path = self.dir / "metrics.jsonl"
         return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
     def truncate_metrics(self, last: int) -> None:
         """On resume: drop lines of an iteration that never finished (it will be redone)."""
+        if not self.writer:
+            return
         kept = [r for r in self.metrics() if r["iteration"] <= last]
         (self.dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
 

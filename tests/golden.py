@@ -37,8 +37,12 @@ class Scripted:
     move 1; R's verdicts alternate with the prompt. Coding: P's even samples are the reference
     solution, odd ones a wrong program; R's tests are correct for even samples."""
 
-    def __init__(self, inner):
-        self.inner, self.tokenizer = inner, inner.tokenizer
+    def __init__(self, inner, by_occurrence: bool = False):
+        # by_occurrence: index P's completion by how often its prompt came before in the call, and R's by its
+        # sample index alone, instead of by the place in the call; then a rank that plays a share of the
+        # tasks answers as one process does (two tasks with the same maze may sit on different ranks)
+        self.inner, self.tokenizer, self.by_occurrence = inner, inner.tokenizer, by_occurrence
+        self.model = inner.model
         rows = load_builtin()
         self.solutions = {r["prompt"]: r["solution"] for r in rows}
         self.tests = {r["prompt"]: (r["tests"][0]["input"], r["tests"][0]["output"]) for r in rows}
@@ -46,7 +50,8 @@ class Scripted:
     def sync(self):
         self.inner.sync()
 
-    def text(self, prompt: str, j: int) -> str:
+    def text(self, prompt: str, j: int, r: int = 0) -> str:
+        """j: the completion's index; r: its sample index for this prompt (0..n-1)."""
         if "You walk through a grid maze" in prompt:
             if j % 2:
                 return "1}"
@@ -55,7 +60,7 @@ class Scripted:
             moves = re.findall(r"(\d+)\. \w+ → row (\d+), column (\d+)", prompt)
             return min(moves, key=lambda m: dist.get((int(m[1]), int(m[2])), 10**9))[0] + "}"
         if "grid maze" in prompt:   # R judging a step
-            return "1}" if (len(prompt) + j) % 3 else "-1}"
+            return "1}" if (len(prompt) + (r if self.by_occurrence else j)) % 3 else "-1}"
         key = next((k for k in self.solutions if k in prompt), None)
         if "unit test" in prompt and key is not None:
             stdin, out = self.tests[key]
@@ -65,11 +70,13 @@ class Scripted:
         return "no}"
 
     def generate(self, prompts, n=1, **kw):
-        out = []
+        out, seen = [], {}
         for i, p in enumerate(prompts):   # i: the episode's place in a batched turn
+            if self.by_occurrence:
+                i = seen[p] = seen.get(p, -1) + 1
             prompt_ids = self.tokenizer(p, add_special_tokens=False)["input_ids"]
             out.append([Completion(t, prompt_ids, self.tokenizer(t, add_special_tokens=False)["input_ids"], "stop")
-                        for t in (self.text(p, i + j) for j in range(n))])
+                        for t in (self.text(p, i + j, j) for j in range(n))])
         return out
 
 

@@ -1,12 +1,15 @@
 """dist.py under torchrun: 2 ranks on gloo (CPU). A distributed PPO update (FSDP2) on fixed samples equals
 the single-process update, with unequal sample counts per rank; a hang is a timeout, hence a failure."""
+import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
 
 import dist_worker as w
+from tasks.gui import kill_tree
 from models import load
 from ppo import LogProbs, make_optimizer
 
@@ -36,3 +39,46 @@ def test_fsdp2_update_on_two_ranks_equals_the_single_process_update(tmp_path):
     # steps = 2 with rank 1's second mini-batch empty: finished on both ranks (no hang) and moved again
     second = torch.load(tmp_path / "update1.pt")["weights"]
     assert any(not torch.equal(got[k], second[k]) for k in got)
+
+
+LOOP = ["--task", "maze", "--model", "tiny", "--engine", "hf", "--iterations", "3", "--tasks-per-iter", "3",
+        "--group-size", "4", "--judgments", "2", "--max-turns", "4", "--eval-tasks", "3", "--eval-samples", "2",
+        "--eval-every", "3", "--lr", "1e-3", "--rm-lr", "1e-3"]
+SAME = ("train/", "env/", "eval/")   # what must not depend on the number of processes (losses are per rank)
+
+
+def launch(tmp_path, name, ranks, extra=(), **kw):
+    cmd = [sys.executable, str(ROOT / "tests" / "dist_loop.py")]
+    if ranks > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks), *cmd[1:]]
+    return subprocess.Popen([*cmd, *LOOP, "--runs-dir", str(tmp_path), "--name", name, *extra], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, **kw)
+
+
+def metrics(run: Path) -> list[dict]:
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [{k: v for k, v in r.items() if k == "iteration" or k.startswith(SAME)} for r in rows]
+
+
+def test_two_rank_loop_equals_one_process_and_resumes_after_sigkill(tmp_path):
+    one = launch(tmp_path, "one", 1)
+    out = one.communicate(timeout=600)[0]
+    assert one.returncode == 0, out[-3000:]
+    two = launch(tmp_path, "two", 2)
+    deadline = time.time() + 600
+    while time.time() < deadline and '"iteration": 1' not in (tmp_path / "two" / "metrics.jsonl").read_text() \
+            if (tmp_path / "two" / "metrics.jsonl").exists() else time.time() < deadline:
+        assert two.poll() is None, two.communicate()[0][-3000:]
+        time.sleep(0.5)
+    kill_tree(two.pid)   # torchrun and both ranks (torchrun starts them in sessions of their own), mid-run
+    two.wait(timeout=60)
+    again = launch(tmp_path, "two", 2, ["--resume"])
+    out = again.communicate(timeout=600)[0]
+    assert again.returncode == 0, "\n".join(x for x in out.splitlines() if "rror" in x)[-3000:]
+    want, got = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+    assert [r["iteration"] for r in got] == [0, 1, 2, 3]
+    for g, w_ in zip(got, want):
+        assert g == w_, {k: (g.get(k), w_.get(k)) for k in set(g) | set(w_) if g.get(k) != w_.get(k)}
+    assert json.loads((tmp_path / "two" / "ckpt" / "env_state.json").read_text()) == \
+        json.loads((tmp_path / "one" / "ckpt" / "env_state.json").read_text())
+    assert any(r.get("train/policy_samples") for r in got) and any(r.get("env/accepted") for r in got)
