@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check for a lent device machine (no internet, ≤64 MiB travels): one PPO update (Eq. 5) on CUDA that
 # must move the weights and sync the engine, then the closed loop for 2 iterations on CUDA with the
-# transformers engine and the tiny model, and its per-stage times.
+# transformers engine and the tiny model, and its per-stage times; with vLLM installed, the same loop
+# with --engine vllm; with 2 or more GPUs, the loop on 2 ranks (torchrun, NCCL, FSDP2). Under 5 minutes.
 # Run from the repo root:  bash scripts/gpu_check.sh     (the device image has torch/transformers/peft;
 # it has no bubblewrap, so model-written code runs under the sandbox's rlimit mode, said out loud)
 set -euo pipefail
@@ -42,3 +43,22 @@ import torch
 assert all(r["train/tasks"] > 0 for r in rows)
 print("GPU check passed")
 PY
+check() {   # the metrics of a finished 2-iteration run: every iteration trained on tasks
+    python3 - "$1" <<'PY'
+import json, sys
+rows = [json.loads(x) for x in open(sys.argv[1])][1:]
+assert [r["iteration"] for r in rows] == [1, 2] and all(r["train/tasks"] > 0 for r in rows), rows
+print("ok:", sys.argv[1])
+PY
+}
+if python3 -c "import vllm" 2>/dev/null; then
+    python3 loop.py --task livebench --model tiny --engine vllm --iterations 2 --eval-every -1 --humaneval-limit 0 \
+        --runs-dir "$runs" --name gpu-vllm
+    check "$runs/gpu-vllm/metrics.jsonl"
+fi
+if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
+    torchrun --standalone --nproc-per-node 2 loop.py --task livebench --model tiny --engine hf --iterations 2 \
+        --eval-every -1 --humaneval-limit 0 --runs-dir "$runs" --name gpu-2ranks
+    check "$runs/gpu-2ranks/metrics.jsonl"
+fi
+echo "GPU check finished"
