@@ -28,6 +28,18 @@ def boxed(text: str) -> list[str]:
     return _BOXED.findall(text)
 
 
+def last_boxed(text: str, *, closed: bool = True, outer: bool = False) -> str | None:
+    """The body of the last \\boxed{ in an answer, up to its first "}" (outer: its last "}", for bodies
+    that may hold braces). None without a box, or when no "}" follows it and `closed`; else unclosed
+    runs to the end."""
+    start = text.rfind(ANSWER_PREFIX)
+    if start < 0:
+        return None
+    body = text[start + len(ANSWER_PREFIX):]
+    end = body.rfind("}") if outer else body.find("}")
+    return body[:end] if end >= 0 else (None if closed else body)
+
+
 def render_chat(tokenizer, user: str, system: str | None = None) -> str:
     """The chat-templated prompt text for one user turn, ending where the assistant starts."""
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]

@@ -31,7 +31,7 @@ import random
 import re
 from dataclasses import asdict, dataclass, field
 
-from engines import ANSWER_PREFIX, prefilled, render_chat
+from engines import ANSWER_PREFIX, last_boxed, prefilled, render_chat
 from records import Group, Task
 
 ALPHA_LOW, ALPHA_HIGH = 0.2, 0.8
@@ -117,11 +117,7 @@ def critic_feedback(groups: list[Group], adapter, engine=None, *, temperature: f
 
 def boxed_text(text: str, limit: int = 400) -> str:
     """The content of the last \\boxed{...} (an unclosed last box runs to the end), at most two sentences."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return ""
-    body = text[start + len("\\boxed{"):]
-    body = body[:body.find("}")] if "}" in body else body
+    body = last_boxed(text, closed=False) or ""
     sentences = re.split(r"(?<=[.!?])\s+", " ".join(body.split()))
     return " ".join(sentences[:2])[:limit]
 

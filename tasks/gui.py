@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engines import last_boxed
+
 VERBS = {"click", "double_click", "type", "key", "scroll", "wait", "done", "fail"}
 
 
@@ -47,10 +49,7 @@ def _arity_ok(verb: str, args: tuple) -> bool:
 def parse_action(text: str) -> Action | None:
     """The action in the last \\boxed{...} of an answer, or None if malformed. Model text is parsed,
     never evaluated: only a call of a known verb with literal int / str arguments passes."""
-    start = text.rfind("\\boxed{")
-    body = text[start + len("\\boxed{"):] if start >= 0 else ""
-    body = body[:body.rfind("}")] if "}" in body else ""
-    body = body.strip()
+    body = (last_boxed(text, outer=True) or "").strip()
     if body in ("wait", "done", "fail"):
         body += "()"
     if not body or len(body) > 200:

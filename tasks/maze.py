@@ -27,7 +27,7 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
-from engines import ANSWER_PREFIX, render_chat
+from engines import ANSWER_PREFIX, last_boxed, render_chat
 from records import Step, Task
 from tasks.agent import HISTORY, AgentAdapter, Episode, parse_choice
 
@@ -163,10 +163,7 @@ def maze_sets() -> dict[str, list[Task]]:
 def parse_maze(text: str) -> list[str] | None:
     """A maze written by E: the last \\boxed{...}, rows separated by '/'; rectangular, at most
     MAX_SIDE × MAX_SIDE, one S, one G, only '#.SG', and solvable (BFS). None otherwise."""
-    start = text.rfind("\\boxed{")
-    body = text[start + len("\\boxed{"):] if start >= 0 else ""
-    body = body[:body.find("}")] if "}" in body else ""
-    rows = [r.strip() for r in body.split("/") if r.strip()]
+    rows = [r.strip() for r in (last_boxed(text) or "").split("/") if r.strip()]
     if not (1 <= len(rows) <= MAX_SIDE and all(len(r) == len(rows[0]) <= MAX_SIDE for r in rows)):
         return None
     if set("".join(rows)) - set("#.SG") or "".join(rows).count("S") != 1 or "".join(rows).count("G") != 1:

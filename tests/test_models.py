@@ -144,3 +144,13 @@ def test_embedded_smollm2_offline_route(tmp_path, monkeypatch):
     assert "Paris" in out.text
     again, _ = models.load("smollm2")  # from the cache now
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters()))
+
+
+def test_boxed_answers_hand_worked():
+    text = "think \\boxed{1} then \\boxed{ click(3) } and \\boxed{type(\"{x}\")} end"
+    assert engines.boxed(text) == ["1", " click(3) "]                       # closed boxes without braces inside
+    assert engines.last_boxed(text) == 'type("{x'                            # up to the first "}"
+    assert engines.last_boxed(text, outer=True) == 'type("{x}")'             # up to the last "}"
+    assert engines.last_boxed("\\boxed{open ended") is None
+    assert engines.last_boxed("\\boxed{open ended", closed=False) == "open ended"
+    assert engines.last_boxed("no box") is None
