@@ -282,16 +282,29 @@ def _gt_expected(task: Task) -> list[str | None]:
     return [None] if task.data["format"] == "humaneval" else [t["output"] for t in task.data["tests"]]
 
 
-def run_gt(tasks_programs: list[tuple[Task, str]], timeout: float) -> list[list[bool]]:
-    """For each (task, program): pass/fail on each of the task's GT tests. One pool for all."""
-    jobs, spans = [], []
-    for task, program in tasks_programs:
-        j = _gt_jobs(task, program)
-        spans.append((len(jobs), len(j)))
-        jobs += j
-    results = run_many(jobs, timeout=timeout)
-    return [[_passed(task, exp, r) for exp, r in zip(_gt_expected(task), results[s:s + n])]
-            for (task, _), (s, n) in zip(tasks_programs, spans)]
+def run_gt(tasks_programs: list[tuple[Task, str]], timeout: float, first_failure: bool = False) -> list[list[bool]]:
+    """For each (task, program): pass/fail on each of the task's GT tests. One pool for all.
+
+    first_failure: a program's remaining tests are not run once it has failed one (they count as failed),
+    for callers that only need "passes every test"; the tests then run in rounds, test k of every
+    program still passing in round k, so a program that hangs costs one timeout, not one per test."""
+    jobs = [_gt_jobs(task, program) for task, program in tasks_programs]
+    if not first_failure:
+        flat = run_many([j for js in jobs for j in js], timeout=timeout)
+        results, k = [], 0
+        for js in jobs:
+            results.append(flat[k:k + len(js)])
+            k += len(js)
+    else:
+        results = [[] for _ in jobs]
+        for k in range(max(map(len, jobs), default=0)):
+            alive = [i for i, js in enumerate(jobs) if k < len(js) and len(results[i]) == k
+                     and (k == 0 or _passed(tasks_programs[i][0], _gt_expected(tasks_programs[i][0])[k - 1],
+                                            results[i][-1]))]
+            for i, r in zip(alive, run_many([jobs[i][k] for i in alive], timeout=timeout)):
+                results[i].append(r)
+    return [[k < len(rs) and _passed(task, exp, rs[k]) for k, exp in enumerate(_gt_expected(task))]
+            for (task, _), rs in zip(tasks_programs, results)]
 
 
 def run_tests(task: Task, programs: list[str], tests: list[tuple[str, str] | None], timeout: float) -> list[list[bool]]:
@@ -373,14 +386,19 @@ class Adapter(AdapterBase):
         outs = prefilled(engine, prompts, CODE_PREFIX, n=G, max_new_tokens=cfg.max_new_tokens, top_p=cfg.top_p,
                          temperature=cfg.temperature if temperature is None else temperature, desc="P writes programs")
         programs = [[extract_code(c.text) for c in cs] for cs in outs]
+        # only Eq. 1's outcome is needed (not the share of tests passed) unless the reward is the released one or
+        # E is told the pass rate of every GT test (generate mode): then a program stops at its first failure
+        first_failure = cfg.coding_reward == "integrated" and cfg.env_mode == "variants"
         with stage(self.timings, "sandbox"):
-            gt = iter(run_gt([(t, p) for t, ps in zip(tasks, programs) for p in ps], cfg.sandbox_timeout))
+            gt = iter(run_gt([(t, p) for t, ps in zip(tasks, programs) for p in ps], cfg.sandbox_timeout,
+                             first_failure))
         groups = []
         for task, prompt, cs, ps in zip(tasks, prompts, outs, programs):
             rollouts = []
             for c, p in zip(cs, ps):
                 res = next(gt)
-                step = Step(prompt, c.prompt_ids, c.text, c.ids, observation=f"passed {sum(res)}/{len(res)} GT tests")
+                seen = f"passed {sum(res)}/{len(res)} GT tests" + (" (stopped at the first failure)" if first_failure else "")
+                step = Step(prompt, c.prompt_ids, c.text, c.ids, observation=seen)
                 rollouts.append(Rollout(task.id, [step], 1 if all(res) else -1, sum(res) / len(res),
                                         info={"program": p, "gt": res, "finish": c.finish_reason}))
             groups.append(Group(task, rollouts))

@@ -255,3 +255,20 @@ def test_hostile_programs_fail_their_tests_and_the_scorer_goes_on(monkeypatch):
     assert {name: r[0] for name, r in zip(HOSTILE, res)} == {name: False for name in HOSTILE}
     assert res[-1] == [True]
     assert not Path("/work/escape.txt").exists()
+
+
+def test_first_failure_stops_a_programs_tests_with_the_same_verdict(monkeypatch):
+    import tasks.livebench as lb
+    task = next(t for t in Adapter(cfg()).tasks if t.id == "sum-0")
+    n = len(task.data["tests"])
+    programs = [(task, "print(0)"), (task, "a, b = map(int, input().split())\nprint(a + b)"),
+                (task, "while True: pass")]
+    full = run_gt(programs, timeout=1.0)
+    ran = []
+    real = lb.run_many
+    monkeypatch.setattr(lb, "run_many", lambda jobs, **kw: ran.append(len(jobs)) or real(jobs, **kw))
+    short = run_gt(programs, timeout=1.0, first_failure=True)
+    assert [all(r) for r in short] == [all(r) for r in full] == [False, True, False]
+    assert short[1] == full[1] == [True] * n and not any(short[2])
+    first_fail = full[0].index(False)          # print(0) runs until its first failed test, the hang once
+    assert sum(ran) == (first_fail + 1) + n + 1 < 3 * n
