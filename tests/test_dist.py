@@ -60,21 +60,26 @@ def metrics(run: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if k == "iteration" or k.startswith(SAME)} for r in rows]
 
 
-def test_two_rank_loop_equals_one_process_and_resumes_after_sigkill(tmp_path):
+def kill_after(proc, run: Path, iteration: int) -> None:
+    """SIGKILL torchrun and its ranks as soon as the run has committed `iteration`."""
+    deadline = time.time() + 600
+    while f'"iteration": {iteration}' not in ((run / "metrics.jsonl").read_text() if (run / "metrics.jsonl").exists()
+                                              else ""):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.3)
+    kill_tree(proc.pid)   # torchrun starts the ranks in sessions of their own: kill the whole tree
+    proc.wait(timeout=60)
+
+
+def test_two_rank_loop_equals_one_process_and_resumes_after_sigkill_at_any_world_size(tmp_path):
     one = launch(tmp_path, "one", 1)
     out = one.communicate(timeout=600)[0]
     assert one.returncode == 0, out[-3000:]
-    two = launch(tmp_path, "two", 2)
-    deadline = time.time() + 600
-    while time.time() < deadline and '"iteration": 1' not in (tmp_path / "two" / "metrics.jsonl").read_text() \
-            if (tmp_path / "two" / "metrics.jsonl").exists() else time.time() < deadline:
-        assert two.poll() is None, two.communicate()[0][-3000:]
-        time.sleep(0.5)
-    kill_tree(two.pid)   # torchrun and both ranks (torchrun starts them in sessions of their own), mid-run
-    two.wait(timeout=60)
-    again = launch(tmp_path, "two", 2, ["--resume"])
-    out = again.communicate(timeout=600)[0]
-    assert again.returncode == 0, "\n".join(x for x in out.splitlines() if "rror" in x)[-3000:]
+    kill_after(launch(tmp_path, "two", 2), tmp_path / "two", 1)                  # 2 ranks, killed
+    kill_after(launch(tmp_path, "two", 2, ["--resume"]), tmp_path / "two", 2)    # resumed on 2 ranks, killed
+    last = launch(tmp_path, "two", 1, ["--resume"])                              # finished by one process
+    out = last.communicate(timeout=600)[0]
+    assert last.returncode == 0, "\n".join(x for x in out.splitlines() if "rror" in x)[-3000:]
     want, got = metrics(tmp_path / "one"), metrics(tmp_path / "two")
     assert [r["iteration"] for r in got] == [0, 1, 2, 3]
     for g, w_ in zip(got, want):
