@@ -15,6 +15,7 @@ and prints one JSON line; this script collects them and prints the tables. Parts
   loop      full iterations of `loop.py --task <task>` per engine: seconds per stage
   gui       the osworld task's browsers (MiniWoB++ in headless Chromium): start, reset, page
             switch, one step alone and 8 browsers stepping at once, memory per browser
+  dist      one PPO step (FSDP2 under torchrun) on 8 × 512 tokens, on 1 and on 2 ranks: tokens/s per rank
   trl       one policy-only GRPO iteration (outcome reward, no R, no E), this project vs TRL's
             GRPOTrainer on identical work. TRL lives in its own venv, made here on first use.
 """
@@ -34,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 TRL_VENV = ROOT / ".bench-venv-trl"
 TRL_PINS = ["torch==2.13.0", "transformers>=5.0,<5.20", "trl==1.16.0"]
-PARTS = ["ceiling", "sampling", "train", "loop", "gui", "trl"]
+PARTS = ["ceiling", "sampling", "train", "loop", "gui", "dist", "trl"]
 
 
 def peak_rss_gib() -> float:
@@ -160,6 +161,26 @@ def m_train(args) -> None:
     emit(**row)
 
 
+def m_dist(args) -> None:
+    """Under torchrun: the 8 samples split over the ranks, FSDP2 on each rank's share (one rank: no sharding)."""
+    import dist
+    import models
+    import ppo
+    rank, world = dist.init()
+    model, tok = models.load(args.model)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    lp = dist.shard(ppo.LogProbs(model), model.get_decoder().layers) if world > 1 else model
+    optimizer = ppo.make_optimizer(lp, 1e-6)
+    mine = dist.shard_tasks(random_samples(len(tok)))
+    step = lambda: ppo.ppo_update(lp, optimizer, mine, tok.pad_token_id, steps=1, micro_batch=4,  # noqa: E731
+                                  amp=models.bf16_fast())
+    step()  # warm-up
+    secs = statistics.median(timed(step, args.repeats))
+    if rank == 0:
+        emit(part="dist", ranks=world, s_per_step=secs, tok_s=8 * 512 / secs, tok_s_per_rank=8 * 512 / secs / world,
+             peak_rss_gib=peak_rss_gib())
+
+
 def m_loop(args) -> None:
     with tempfile.TemporaryDirectory() as runs:
         cmd = [sys.executable, "loop.py", "--task", args.task, "--model", args.model, "--engine", args.engine,
@@ -278,13 +299,15 @@ def m_gui(args) -> None:
 
 
 MEASURES = {"ceiling": m_ceiling, "sampling": m_sampling, "train": m_train, "loop": m_loop, "gui": m_gui,
-            "ours_grpo": m_ours_grpo, "trl_grpo": m_trl_grpo}
+            "ours_grpo": m_ours_grpo, "trl_grpo": m_trl_grpo, "dist": m_dist}
 
 
 # ───────────────────────────── orchestration ─────────────────────────────
 
-def run(python: str, measure: str, args, **extra) -> list[dict]:
-    cmd = [python, __file__, "--measure", measure, "--model", args.model, "--repeats", str(args.repeats)]
+def run(python: str, measure: str, args, ranks: int = 0, **extra) -> list[dict]:
+    """One measurement in its own process (`ranks` > 0: under torchrun with that many processes)."""
+    launch = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)] if ranks else [python]
+    cmd = [*launch, __file__, "--measure", measure, "--model", args.model, "--repeats", str(args.repeats)]
     for k, v in extra.items():
         cmd += [f"--{k}", str(v)]
     print(f"[bench] {measure} {extra or ''}", file=sys.stderr, flush=True)
@@ -372,6 +395,11 @@ def main() -> None:
               ["browser start s (8 at once, per browser)", "reset ms", "page switch ms", "step ms, 1 browser",
                "step ms per browser, 8 stepping at once", "PSS MiB per browser"],
               [[r["start_s"], r["reset_ms"], r["switch_ms"], r["step_ms"], r["step8_ms"], r["pss_mib"]] for r in rows])
+    if "dist" in parts:
+        rows = run(py, "dist", args) + run(py, "dist", args, ranks=2)   # 1 rank: one plain process, every core
+        table("Distributed PPO step, 8 × 512 tokens (2 ranks: torchrun, gloo, FSDP2, one thread per rank)",
+              ["ranks", "s/step", "tok/s, all ranks", "tok/s per rank", "peak RSS GiB (rank 0)"],
+              [[r["ranks"], r["s_per_step"], r["tok_s"], r["tok_s_per_rank"], r["peak_rss_gib"]] for r in rows])
     if "trl" in parts:
         rows = run(py, "ours_grpo", args, engine=kinds[-1]) + run(trl_python(), "trl_grpo", args)
         ours = next((r["s_per_iter"] for r in rows if r["who"] == "ours"), float("nan"))
