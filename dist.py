@@ -11,6 +11,8 @@ reader of the method can skip this file.
 - Equal work: ranks hold different sample counts (zero advantages are dropped), but every optimizer
   step must run the same collectives on every rank; `all_max` sizes the padding, `all_sum` the
   global sequence count the loss is averaged over (ppo.ppo_update).
+- Sampling: each rank's engine samples from a full copy of the weights, refreshed tensor by tensor from
+  the shards after every update (`Synced`).
 - Data: tasks are sharded, not rollouts (`shard_tasks`), so a group stays on one rank and Eq. 2 / Eq. 3
   stay local; `gather` collects what E and the logs need from every rank.
 """
@@ -122,6 +124,11 @@ class Synced:
         return self.engine.generate(*args, **kw)
 
     def sync(self) -> None:
-        full = {k.removeprefix("model."): v for k, v in full_state_dict(self.trainer).items()}
-        self.engine.model.load_state_dict(full)
+        """One tensor at a time (each `full_tensor()` is a collective): the transient is one tensor,
+        not a full copy of the model."""
+        target = self.engine.model.state_dict(keep_vars=True)
+        with torch.no_grad():
+            for name, shard_ in self.trainer.state_dict().items():
+                full = shard_.full_tensor() if hasattr(shard_, "full_tensor") else shard_
+                target[name.removeprefix("model.")].copy_(full)
         self.engine.sync()
