@@ -268,8 +268,8 @@ def check_distributed(cfg: Config, world: int) -> None:
     never a silent change; --engine auto samples with the transformers engine there, and says so."""
     if world == 1:
         return
-    unsupported = [(cfg.lora_rank, "--lora-rank"), (not cfg.fresh_optimizer, "--no-fresh-optimizer"),
-                   (cfg.engine == "vllm", "--engine vllm"), (cfg.eval_only, "--eval-only")]
+    unsupported = [(cfg.lora_rank, "--lora-rank"), (cfg.engine == "vllm", "--engine vllm"),
+                   (cfg.eval_only, "--eval-only")]
     for bad, flag in unsupported:
         if bad:
             raise ConfigError(f"{flag} is not supported under torchrun yet (run it in one process)")

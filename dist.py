@@ -113,6 +113,28 @@ def full_state_dict(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu() for k, v in full.items()}
 
 
+def save_optimizer(model, optimizer, folder) -> None:
+    """The optimizer's state, every rank's shards, in torch.distributed.checkpoint's format (a collective);
+    it loads at any world size."""
+    from torch.distributed.checkpoint import save
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    save({"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=str(folder))
+
+
+def load_optimizer(model, optimizer, folder) -> bool:
+    """`save_optimizer`'s checkpoint into this run's optimizer (resharded to this world size); False if none."""
+    if not (folder / ".metadata").exists():
+        return False
+    from torch.distributed.checkpoint import load
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
+    load(state, checkpoint_id=str(folder))
+    set_optimizer_state_dict(model, optimizer, state["optimizer"])
+    return True
+
+
 class Synced:
     """The engine of a sharded model: it samples from a full copy of the weights (`engine.model`), which
     `sync()` refreshes from the shards after every update (a collective), then pushes to the engine."""

@@ -137,8 +137,8 @@ def setup(cfg: Config, run: Run, use_rm: bool, adapt_env: bool):
     env_init = cfg.env_model or cfg.model if adapt_env and cfg.env_mode == "generate" else ""
     models, engines = build_models(cfg, use_rm, policy_init, rm_init, env_init)
     if cfg.resume:
-        for name, (_, _, optimizer, _) in models.items():
-            if optimizer is not None and not load_optimizer(optimizer, run.ckpt / name):
+        for name, (_, _, optimizer, trainer) in models.items():
+            if optimizer is not None and not load_optimizer(optimizer, run.ckpt / name, trainer):
                 print(f"[loop] warning: {run.ckpt / name / 'optimizer.pt'} is missing: "
                       f"{name} goes on with a fresh AdamW state", flush=True)
     run.create(start)

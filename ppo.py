@@ -153,10 +153,12 @@ def make_optimizer(model, lr: float):
     return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
 
 
-def load_optimizer(optimizer, path: str | Path) -> bool:
-    """The optimizer state saved next to a checkpoint; False when there is none."""
+def load_optimizer(optimizer, path: str | Path, model=None) -> bool:
+    """The optimizer state saved next to a checkpoint (optimizer.pt; under torchrun the sharded
+    optimizer/ folder, dist.save_optimizer); False when there is none."""
     file = Path(path) / "optimizer.pt"
-    if not file.exists():
-        return False
-    optimizer.load_state_dict(torch.load(file, weights_only=True))
-    return True
+    if file.exists() and not dist.active():
+        optimizer.load_state_dict(torch.load(file, weights_only=True))
+        return True
+    root = model if isinstance(model, LogProbs) else LogProbs(model)   # the names the shards were saved under
+    return dist.load_optimizer(root, optimizer, Path(path) / "optimizer")

@@ -87,10 +87,15 @@ class Run:
     def finish(self, iteration: int, row: dict, models: dict, slots, t_start: float | None = None) -> None:
         """Close an iteration: write its checkpoint, its metrics line (metrics.jsonl, TensorBoard, the
         curve), then make the checkpoint current. Adds time/checkpoint and time/iteration to the row."""
+        with stage(row, "checkpoint"):
+            if self.writer:
+                self.prepare(models, slots)
+            if dist.active():   # every rank writes its optimizer shards into ckpt.tmp (a collective)
+                for name, (_, _, optimizer, trainer) in models.items():
+                    if optimizer is not None:
+                        dist.save_optimizer(trainer, optimizer, self.dir / "ckpt.tmp" / name / "optimizer")
         if not self.writer:
             return
-        with stage(row, "checkpoint"):
-            self.prepare(models, slots)
         if t_start is not None:
             row["time/iteration"] = time.perf_counter() - t_start
         row = {"iteration": iteration, **row}
@@ -146,7 +151,7 @@ class Run:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         for name, (model, tok, optimizer, _) in models.items():
-            save(model, tok, tmp / name, optimizer)
+            save(model, tok, tmp / name, None if dist.active() else optimizer)   # torchrun: see `finish`
         (tmp / "env_state.json").write_text(json.dumps(env.slots_to_json(slots), indent=1))
 
     def commit(self, iteration: int) -> None:
