@@ -93,10 +93,12 @@ def on_rank0(fn):
 
 
 def shard(module, layers, bf16: bool = False):
-    """FSDP2 on each decoder layer, then on the root `module` (call before building the optimizer)."""
+    """FSDP2 on each decoder layer, then on the root `module` (call before building the optimizer). bf16:
+    compute in bf16 with fp32 gradient reduction (the loop passes --amp, on where bf16 is native)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else \
+        MixedPrecisionPolicy()
     for layer in layers:
         fully_shard(layer, mp_policy=mp)
     fully_shard(module, mp_policy=mp)

@@ -64,7 +64,8 @@ def train(cfg: Config) -> Path:
             is_active = [t.id == slots[sid].active.id for sid, t in picked]
             # 2. P plays G rollouts per task (batched; under torchrun each rank plays its share of the tasks)
             with stage(timings, "rollout"):
-                groups = adapter.rollout(dist.shard_tasks([t for _, t in picked]), cfg.group_size, engines["policy"], cfg)
+                groups = adapter.rollout(dist.shard_tasks([t for _, t in picked]), cfg.group_size, engines["policy"],
+                                         cfg)
             # 3. R judges every step m times (coding: writes m tests; every program runs on them)
             if use_rm:
                 with stage(timings, "judge"):
@@ -174,8 +175,10 @@ def iteration_row(groups, is_active, p_samples, r_samples, slots, env_stats) -> 
     """What one iteration logs about its rollouts, samples and slots (metrics.jsonl, TensorBoard)."""
     return {"train/acc": _mean(g.acc for g, a in zip(groups, is_active) if a),
             "train/rewrite_acc": _mean(g.acc for g, a in zip(groups, is_active) if not a), "train/tasks": len(groups),
-            "train/policy_samples": int(dist.all_sum(len(p_samples))), "train/rm_samples": int(dist.all_sum(len(r_samples))),
-            "train/verdict_mean": _mean([v for g in groups for ro in g.rollouts for st in ro.steps for v in st.verdicts]),
+            "train/policy_samples": int(dist.all_sum(len(p_samples))),   # every rank's
+            "train/rm_samples": int(dist.all_sum(len(r_samples))),
+            "train/verdict_mean": _mean([v for g in groups for ro in g.rollouts for st in ro.steps
+                                         for v in st.verdicts]),
             "env/mean_level": _mean([s.active.level for s in slots.values() if s.active.level is not None]),
             **{f"env/{k}": v for k, v in env_stats.items()}}
 
@@ -207,7 +210,7 @@ def build_models(cfg: Config, use_rm: bool, policy_init: str, rm_init: str, env_
             trainer = model
             if dist.active():   # train a sharded copy; `model` keeps the full weights the engine samples from
                 trainer = copy.deepcopy(model)
-                trainer = dist.shard(LogProbs(trainer), trainer.get_decoder().layers)
+                trainer = dist.shard(LogProbs(trainer), trainer.get_decoder().layers, bf16=cfg.amp)
             models[name] = (model, tok, None if cfg.fresh_optimizer else make_optimizer(trainer, lr), trainer)
     to_serve = {k: (m, t) for k, (m, t, _, _) in models.items()}
     if env_init:
