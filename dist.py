@@ -25,7 +25,8 @@ import torch.distributed as td
 
 
 def active() -> bool:
-    return td.is_available() and td.is_initialized()
+    """Several ranks are running (vLLM's own one-process group does not count)."""
+    return td.is_available() and td.is_initialized() and td.get_world_size() > 1
 
 
 def rank() -> int:
@@ -38,7 +39,7 @@ def world_size() -> int:
 
 def init() -> tuple[int, int]:
     """Join torchrun's process group when launched by torchrun; (rank, world size), (0, 1) otherwise."""
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and not active():
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1 and "RANK" in os.environ and not td.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))

@@ -115,4 +115,6 @@ def test_loop_runs_with_vllm_engine(tmp_path):
                        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     assert "it   2 | acc" in r.stdout
+    # vLLM's own one-process group is not torchrun: no sharding, no synced copies, optimizer.pt as usual
+    assert "engine vllm: VLLMEngine for policy" in r.stdout
     assert (tmp_path / "livebench-full-s0" / "ckpt" / "state.json").exists()
