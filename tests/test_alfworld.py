@@ -239,7 +239,8 @@ def test_cli_two_iterations_each_ablation(data, tmp_path, ablation):
                            text=True, timeout=900, env={**os.environ, "ALFWORLD_DATA": str(data)})
         assert r.returncode == 0, r.stderr[-3000:]
         header, *rows = [line.split() for line in r.stdout.splitlines() if line.startswith(("eval set", "in_domain", "ood"))]
-        assert header == ["eval", "set", "SUCCESS", "PROCESS_ACC", "OUTCOME_ACC"] and [x[0] for x in rows] == ["in_domain", "ood"]
+        assert header == ["eval", "set", "SUCCESS", "PROCESS_ACC", "PROCESS_MAJORITY", "PROCESS_BACC", "OUTCOME_ACC"]
+        assert [x[0] for x in rows] == ["in_domain", "ood"]
 
 
 def test_agent_metrics_hand_worked():

@@ -218,9 +218,9 @@ def test_every_numeric_flag_has_a_range_and_refuses_a_bad_value():
 def test_each_setting_shows_its_own_defaults_and_the_released_values():
     out = {t: run_cli(["--task", t, "--help"]).stdout for t in ("livebench", "alfworld", "osworld")}
     flat = {t: " ".join(o.split()) for t, o in out.items()}
-    assert "--m M R samples per step (coding: generated tests per task) [released code: 16] (default: 4)" in flat["livebench"]
-    assert "--m M R samples per step (coding: generated tests per task) (default: 3)" in flat["alfworld"]
-    assert "--m M R samples per step (coding: generated tests per task) (default: 3)" in flat["osworld"]
+    m = "--m M, --judgments M R samples per step (coding: generated tests per task); under torchrun write --judgments (torchrun reads --m as an abbreviation of its own flags)"
+    assert m + " [released code: 16] (default: 4)" in flat["livebench"]
+    assert m + " (default: 3)" in flat["alfworld"] and m + " (default: 3)" in flat["osworld"]
     assert "--policy-steps POLICY_STEPS policy optimizer steps per iteration (default: 4)" in flat["alfworld"]
     assert "--rm-steps RM_STEPS reward-model optimizer steps per iteration (default: 2)" in flat["osworld"]
     assert "--rm-steps RM_STEPS reward-model optimizer steps per iteration (default: 4)" in flat["alfworld"]

@@ -42,7 +42,8 @@ def test_study_resumes_after_a_kill_and_prints_table1(tmp_path):
     for cell in ("grpo-s0", "full-s0", "grpo-s1", "full-s1"):
         rows = [json.loads(x) for x in (runs / cell / "metrics.jsonl").read_text().splitlines()]
         assert [r["iteration"] for r in rows] == [0, 1, 2]          # the resumed cell lost and repeated nothing
-    lines = [line for line in out.splitlines() if line.startswith("|")]
+    first = next(block for block in out.split("\n\n") if "| row | iteration" in block)   # Table 1, not the dynamics
+    lines = [line for line in first.splitlines() if line.startswith("|")]
     head = [c.strip() for c in lines[0].strip("|").split("|")]
     assert head[:4] == ["row", "iteration", "in_domain/success", "in_domain/process_acc"] and "ood/success" in head
     body = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")] for line in lines[2:]}
@@ -53,7 +54,8 @@ def test_study_resumes_after_a_kill_and_prints_table1(tmp_path):
     assert (runs / "table1.png").stat().st_size > 5000
     again = subprocess.run([sys.executable, str(ROOT / "table1.py"), *FLAGS, "--runs-dir", str(tmp_path),
                             "--report-only"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0 and [x for x in again.stdout.splitlines() if x.startswith("|")] == lines
+    tables = [x for x in out.splitlines() if x.startswith("|")]        # Table 1 and the dynamics table
+    assert again.returncode == 0 and [x for x in again.stdout.splitlines() if x.startswith("|")] == tables
 
 
 def test_bad_rows_and_reserved_flags_are_refused(tmp_path):
