@@ -106,14 +106,16 @@ def shard(module, layers, bf16: bool = False):
     return module
 
 
+def full_tensors(module):
+    """(name, full tensor) for each entry of the module's state dict, one at a time: a sharded tensor is
+    gathered (`full_tensor()`, a collective: every rank must iterate), so one tensor is in flight."""
+    for name, value in module.state_dict().items():
+        yield name, value.full_tensor() if hasattr(value, "full_tensor") else value
+
+
 def full_state_dict(model) -> dict[str, torch.Tensor]:
     """The model's full (unsharded) weights, on every rank, on the CPU. A collective: every rank must call it."""
-    if not active():
-        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    return {k: v.detach().cpu() for k, v in full.items()}
+    return {k: v.detach().cpu() for k, v in full_tensors(model)}
 
 
 def save_optimizer(model, optimizer, folder) -> None:
@@ -153,7 +155,6 @@ class Synced:
         not a full copy of the model."""
         target = self.engine.model.state_dict(keep_vars=True)
         with torch.no_grad():
-            for name, shard_ in self.trainer.state_dict().items():
-                full = shard_.full_tensor() if hasattr(shard_, "full_tensor") else shard_
+            for name, full in full_tensors(self.trainer):
                 target[name.removeprefix("model.")].copy_(full)
         self.engine.sync()
