@@ -67,6 +67,8 @@ class Config:
     rm_temperature: float = opt(0.8, "R sampling temperature")
     rm_top_p: float = opt(0.95, "R nucleus sampling")
     rm_max_new_tokens: int = opt(96, "R tokens per judgment / test")
+    rm_balance: bool = opt(False, "agent settings, not in the paper: steps with a positive and a non-positive "
+                           "reward carry equal weight in R's Eq. 3 samples (reward_model.balance_weights)")
     env_mode: str = opt("variants", "E's rewrites: variants (move along the ladder) or generate (E writes a task)",
                         choices=["variants", "generate"])
     env_retries: int = opt(4, "N: E's tries per proposal in generate mode")
@@ -265,14 +267,9 @@ def parse_args(argv=None) -> Config:
 
 def check_distributed(cfg: Config, world: int) -> None:
     """Under torchrun (world > 1), what the multi-process path does not cover yet is a one-line error,
-    never a silent change; --engine auto samples with the transformers engine there, and says so."""
+    never a silent change."""
     if world == 1:
         return
-    unsupported = [(cfg.lora_rank, "--lora-rank"), (cfg.engine == "vllm", "--engine vllm"),
-                   (cfg.eval_only, "--eval-only")]
-    for bad, flag in unsupported:
+    for bad, flag in [(cfg.lora_rank, "--lora-rank"), (cfg.eval_only, "--eval-only")]:
         if bad:
             raise ConfigError(f"{flag} is not supported under torchrun yet (run it in one process)")
-    if cfg.engine == "auto":
-        print("[loop] torchrun: each rank samples with the transformers engine (the vLLM route is not built yet)")
-        cfg.engine = "hf"

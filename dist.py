@@ -12,7 +12,8 @@ reader of the method can skip this file.
   step must run the same collectives on every rank; `all_max` sizes the padding, `all_sum` the
   global sequence count the loss is averaged over (ppo.ppo_update).
 - Sampling: each rank's engine samples from a full copy of the weights, refreshed tensor by tensor from
-  the shards after every update (`Synced`).
+  the shards after every update (`Synced`). With vLLM, every rank starts its own engine (tp = 1) inside
+  torchrun's process group (`external_launcher`, engines.py), and the full copy waits on the CPU.
 - Data: tasks are sharded, not rollouts (`shard_tasks`), so a group stays on one rank and Eq. 2 / Eq. 3
   stay local; `gather` collects what E and the logs need from every rank.
 """
@@ -146,6 +147,8 @@ class Synced:
 
     def __init__(self, engine, trainer):
         self.engine, self.trainer, self.tokenizer = engine, trainer, engine.tokenizer
+        if hasattr(engine, "server"):   # vLLM samples from its own copy: the full one only feeds it and the
+            engine.model.to("cpu")      # checkpoints, so it waits in host memory, not on the GPU
 
     def generate(self, *args, **kw):
         return self.engine.generate(*args, **kw)

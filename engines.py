@@ -16,6 +16,7 @@ import time
 
 import torch
 
+import dist
 from models import ModelError, amp_context
 from records import Completion
 
@@ -214,6 +215,16 @@ def _patch_vllm_cpu_top_p() -> None:
     ops.apply_top_k_top_p = apply_top_k_top_p
 
 
+def _my_cores() -> list[int]:
+    """The CPU cores this process's engine binds: all it may use, or under torchrun this rank's
+    contiguous share of them (ranks on one node split its cores)."""
+    cores = sorted(os.sched_getaffinity(0))
+    local, per_node = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if not dist.active() or per_node > len(cores):
+        return cores
+    return cores[local * len(cores) // per_node:(local + 1) * len(cores) // per_node]
+
+
 class _VLLMServer:
     """One in-process `vllm.LLM`, shared by every engine whose model has this architecture.
 
@@ -224,16 +235,17 @@ class _VLLMServer:
     """
 
     def __init__(self, config, *, dtype: str, max_model_len: int, seed: int, gpu_memory_utilization: float):
+        cores = _my_cores()
         for key, value in {  # must be set before vllm is imported
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # in-process engine: a sync is a tensor copy, not IPC
             "VLLM_LOGGING_LEVEL": "WARNING",
-            # CPU build: bind the OMP threads to every core this process may use (the default keeps
-            # one core back for a serving frontend we don't have), and size the KV cache in GiB.
-            "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, sorted(os.sched_getaffinity(0)))),
+            # CPU build: bind the OMP threads to this process's cores (the default keeps one core back
+            # for a serving frontend we don't have), and size the KV cache in GiB.
+            "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores)),
             "VLLM_CPU_KVCACHE_SPACE": "4",
             # Without it vLLM drops torch to 1 thread "for serving", and our trainer, in this same
-            # process, would then train on one core.
-            "OMP_NUM_THREADS": str(len(os.sched_getaffinity(0))),
+            # process, would then train on one core. (torchrun sets 1 per rank itself, and that stays.)
+            "OMP_NUM_THREADS": str(len(cores)),
         }.items():
             os.environ.setdefault(key, value)
         from vllm import LLM
@@ -242,9 +254,13 @@ class _VLLMServer:
             _patch_vllm_cpu_top_p()
         self.folder = tempfile.TemporaryDirectory(prefix="rlanything-vllm-")  # config.json only; removed with us
         config.save_pretrained(self.folder.name)
+        # Under torchrun every rank runs its own engine (tp = 1) inside the process group torchrun made
+        # ("external_launcher", TRL's colocate mode); ranks sample different streams (seed + rank).
+        ranks = {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1} \
+            if dist.active() else {}
         self.llm = LLM(model=self.folder.name, load_format="dummy", skip_tokenizer_init=True, dtype=dtype,
-                       max_model_len=max_model_len, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
-                       enable_prefix_caching=True)
+                       max_model_len=max_model_len, seed=seed + dist.rank(),
+                       gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True, **ranks)
         self.holder = None          # the engine whose weights are loaded now
         self.sync_seconds = 0.0     # total time spent copying weights in, for the loop's timings
 

@@ -85,7 +85,7 @@ def train(cfg: Config) -> Path:
                 train_groups, cfg.lam, not cfg.zero_single, cfg.coding_reward, (cfg.acc_lower, cfg.acc_upper),
                 cfg.drop_zero_adv)
             r_samples = reward_model.rm_samples(train_groups, step_rewards, adapter.judge_kind,
-                                                drop_zero=cfg.drop_zero_adv) if train_rm else []
+                                                drop_zero=cfg.drop_zero_adv, balance=cfg.rm_balance) if train_rm else []
             # 6. update P, then R (Eq. 5)
             with stage(timings, "train_policy"):
                 stats = optimize(cfg, models["policy"], engines["policy"], p_samples, it, "policy")
@@ -218,10 +218,10 @@ def build_models(cfg: Config, use_rm: bool, policy_init: str, rm_init: str, env_
     t0 = time.perf_counter()
     engines = make_engines(cfg.engine, to_serve, batch_size=cfg.gen_batch, amp=cfg.amp, seed=cfg.seed,
                            max_model_len=cfg.max_model_len, gpu_memory_utilization=cfg.vllm_gpu_memory)
-    if dist.active():   # each rank samples from a full copy, refreshed from the shards after every update
-        engines |= {k: dist.Synced(engines[k], models[k][3]) for k in models}
     print(f"[loop] engine {cfg.engine}: {type(engines['policy']).__name__} for {', '.join(engines)} "
           f"(ready in {time.perf_counter() - t0:.0f}s)", flush=True)
+    if dist.active():   # each rank samples from a full copy, refreshed from the shards after every update
+        engines |= {k: dist.Synced(engines[k], models[k][3]) for k in models}
     return models, engines
 
 

@@ -125,7 +125,8 @@ def agent_metrics(rollouts) -> dict:
 
 
 def rm_samples(groups: list[Group], step_rewards: list[list[list[float]]], kind: str,
-               acc_range: tuple[float, float] = RM_ACC_RANGE, drop_zero: bool = True) -> list[Sample]:
+               acc_range: tuple[float, float] = RM_ACC_RANGE, drop_zero: bool = True,
+               balance: bool = False) -> list[Sample]:
     """Training samples for R from one iteration. step_rewards[g][r][k] is step k's reward R_{τ_i} in
     rollout r of group g (what policy.policy_samples returns).
 
@@ -133,16 +134,34 @@ def rm_samples(groups: list[Group], step_rewards: list[list[list[float]]], kind:
     no success or no failure gives R nothing to be consistent with.
     kind="steps": Eq. 3 per step.  kind="tests": the coding test-writer reward per task.
     Samples with advantage 0 are dropped when drop_zero, as for the policy.
+    balance (kind "steps"; not in the paper, --rm-balance): steps whose reward R_τ is positive and
+    steps whose reward is not carry equal total weight, see `balance_weights`.
     """
-    samples = []
+    pairs = []   # (R's m outputs for one step or task, their rewards, the step's R_τ)
     for g, rewards in zip(groups, step_rewards):
         if not acc_range[0] <= g.acc <= acc_range[1]:
             continue
         if kind == "tests":
-            pairs = [(g.tests, test_writer_rewards([ro.outcome > 0 for ro in g.rollouts], g.test_passes))]
+            pairs.append((g.tests, test_writer_rewards([ro.outcome > 0 for ro in g.rollouts], g.test_passes), 0.0))
         else:
-            pairs = [(st.judgments, consistency_rewards(r, st.verdicts))                     # Eq. 3
-                     for ro, r_row in zip(g.rollouts, rewards) for st, r in zip(ro.steps, r_row)]
-        samples += [Sample(c.prompt_ids, c.ids, a) for outs, adv in pairs if adv
-                    for c, a in zip(outs, adv) if not (drop_zero and a == 0)]
-    return samples
+            pairs += [(st.judgments, consistency_rewards(r, st.verdicts), r)                  # Eq. 3
+                      for ro, r_row in zip(g.rollouts, rewards) for st, r in zip(ro.steps, r_row)]
+    pairs = [(outs, adv, r) for outs, adv, r in pairs if adv]
+    weights = balance_weights([r > 0 for _, _, r in pairs]) if balance and kind == "steps" else [1.0] * len(pairs)
+    return [Sample(c.prompt_ids, c.ids, w * a) for (outs, adv, _), w in zip(pairs, weights)
+            for c, a in zip(outs, adv) if not (drop_zero and a == 0)]
+
+
+def balance_weights(positive: list[bool]) -> list[float]:
+    """Per step, n / (2·n_c) for its class c (R_τ > 0 or not) among the n steps that train R, so each
+    class carries half the weight (1 for every step while a class is empty). When most rollouts fail,
+    most steps have R_τ < 0 and a plain Eq. 3 pays "−1" on most of them: R can learn the constant
+    verdict −1 (README, the maze study).
+
+    >>> balance_weights([True, False, False])
+    [1.5, 0.75, 0.75]
+    """
+    n, n_pos = len(positive), sum(positive)
+    if n_pos in (0, n):
+        return [1.0] * n
+    return [n / (2 * n_pos) if p else n / (2 * (n - n_pos)) for p in positive]

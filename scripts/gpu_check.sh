@@ -2,7 +2,8 @@
 # GPU check for a lent device machine (no internet, ≤64 MiB travels): one PPO update (Eq. 5) on CUDA that
 # must move the weights and sync the engine, then the closed loop for 2 iterations on CUDA with the
 # transformers engine and the tiny model, and its per-stage times; with vLLM installed, the same loop
-# with --engine vllm; with 2 or more GPUs, the loop on 2 ranks (torchrun, NCCL, FSDP2). Under 5 minutes.
+# with --engine vllm; with 2 or more GPUs, the loop on 2 ranks (torchrun, NCCL, FSDP2), also with one vLLM
+# engine per rank when vLLM is installed. Under 5 minutes.
 # Run from the repo root:  bash scripts/gpu_check.sh     (the device image has torch/transformers/peft;
 # it has no bubblewrap, so model-written code runs under the sandbox's rlimit mode, said out loud)
 set -euo pipefail
@@ -60,5 +61,10 @@ if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; t
     torchrun --standalone --nproc-per-node 2 loop.py --task livebench --model tiny --engine hf --iterations 2 \
         --eval-every -1 --humaneval-limit 0 --runs-dir "$runs" --name gpu-2ranks
     check "$runs/gpu-2ranks/metrics.jsonl"
+    if python3 -c "import vllm" 2>/dev/null; then   # one vLLM engine per rank (external_launcher), NCCL
+        torchrun --standalone --nproc-per-node 2 loop.py --task livebench --model tiny --engine vllm --iterations 2 \
+            --eval-every -1 --humaneval-limit 0 --vllm-gpu-memory 0.2 --runs-dir "$runs" --name gpu-2ranks-vllm
+        check "$runs/gpu-2ranks-vllm/metrics.jsonl"
+    fi
 fi
 echo "GPU check finished"

@@ -11,5 +11,11 @@ import loop  # noqa: E402
 
 if __name__ == "__main__":
     real = loop.make_engines
-    loop.make_engines = lambda *a, **k: {n: golden.Scripted(e, by_occurrence=True) for n, e in real(*a, **k).items()}
+
+    def scripted(*a, **k):
+        engines = real(*a, **k)
+        print("[dist_loop] scripted over", ", ".join(f"{n} {type(e).__name__}" for n, e in engines.items()), flush=True)
+        return {n: golden.Scripted(e, by_occurrence=True) for n, e in engines.items()}
+
+    loop.make_engines = scripted
     sys.exit(loop.main(sys.argv[1:]))

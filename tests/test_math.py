@@ -171,6 +171,23 @@ def test_policy_samples_acc_filter_and_reference_reward():
     assert rm.rm_samples([solved], [[[1.0], [1.0]]], "steps") == []   # acc outside [0.2, 0.8]
 
 
+def test_rm_balance_on_worked_example():
+    """--rm-balance, by hand: one step with R_τ = 1 and two with R_τ < 0, verdicts [1, −1] each.
+    Eq. 3 raw: [1, −1], [−0.5, 0.5], [−1, 1] → z-scored [1, −1], [−1, 1], [−1, 1]. Weights: the positive
+    class holds 1 of 3 steps → 3 / 2 = 1.5; the other holds 2 → 3 / 4 = 0.75. Each class then sums to
+    |1.5| · 2 = |0.75| · 4 = 3."""
+    task = Task("t", "p", {})
+    win = Rollout("t", [_step([1, -1], [_c(0), _c(1)])], 1)
+    loss = Rollout("t", [_step([1, -1], [_c(2), _c(3)]), _step([1, -1], [_c(4), _c(5)])], -1)
+    g = Group(task, [win, loss])
+    rewards = [[[1.0], [-0.5, -1.0]]]
+    plain = rm.rm_samples([g], rewards, "steps")
+    assert [s.advantage for s in plain] == [1.0, -1.0, -1.0, 1.0, -1.0, 1.0]
+    balanced = rm.rm_samples([g], rewards, "steps", balance=True)
+    assert [s.advantage for s in balanced] == [1.5, -1.5, -0.75, 0.75, -0.75, 0.75]
+    assert rm.balance_weights([False, False]) == [1.0, 1.0]   # one class only: nothing to balance
+
+
 def test_rm_samples_tests_kind():
     task = Task("t", "p", {})
     g = Group(task, [Rollout("t", [_step([])], 1), Rollout("t", [_step([])], -1)],
