@@ -232,6 +232,8 @@ def validate(cfg: "Config") -> None:
         (cfg.resume and cfg.eval_only, "--resume and --eval-only don't go together"),
         (cfg.eval_only and not cfg.checkpoint, "--eval-only needs --checkpoint (a run folder or a model folder)"),
         (cfg.ablation == "grpo" and cfg.lam not in (0.0, 1.0), "--ablation grpo has no reward model: --lam must stay unset"),
+        (cfg.rm_balance and cfg.task == "livebench", "--rm-balance weighs R's step verdicts; the coding setting's R "
+                                                     "writes tests (agent settings only)"),
     ]
     for bad, msg in combos:
         if bad:

@@ -186,6 +186,9 @@ def test_rm_balance_on_worked_example():
     balanced = rm.rm_samples([g], rewards, "steps", balance=True)
     assert [s.advantage for s in balanced] == [1.5, -1.5, -0.75, 0.75, -0.75, 0.75]
     assert rm.balance_weights([False, False]) == [1.0, 1.0]   # one class only: nothing to balance
+    from config import ConfigError, parse_args
+    with pytest.raises(ConfigError, match="--rm-balance"):   # coding's R writes tests: refused, never ignored
+        parse_args(["--task", "livebench", "--model", "tiny", "--rm-balance"])
 
 
 def test_rm_samples_tests_kind():
