@@ -56,6 +56,9 @@ class Config:
     zero_single: bool = opt(False, "Eq. 2: zero a step index only one rollout reaches (default keeps its raw reward)")
     coding_reward: str = opt("integrated", "coding policy reward: integrated (Eq. 1: outcome + R's tests) or reference "
                              "(the released code: share of GT tests passed, z-scored)", choices=["integrated", "reference"])
+    coding_task: str = opt("generation", "coding: generation (P writes the whole program) or completion (P completes "
+                           "the first lines of a reference solution: LiveBench's code-completion task)",
+                           choices=["generation", "completion"])
     acc_lower: float = opt(1 / 8, "policy training keeps tasks with acc in [--acc-lower, --acc-upper]")
     acc_upper: float = opt(7 / 8, "upper end of the policy's accuracy filter")
     drop_zero_adv: bool = opt(True, "drop samples whose advantage is exactly 0 (P and R); else they stay in the "
@@ -125,7 +128,7 @@ class _Parser(argparse.ArgumentParser):
 
 # Flags that only some settings read, grouped under those settings' names in --help.
 SETTING_FLAGS = {
-    "livebench (coding)": ["coding_reward", "sandbox_timeout", "humaneval_limit", "data"],
+    "livebench (coding)": ["coding_task", "coding_reward", "sandbox_timeout", "humaneval_limit", "data"],
     "alfworld, osworld, maze (multi-turn agents)": ["max_turns", "eval_max_turns"],
     "osworld": ["backend", "screenshots", "browsers", "browser_timeout", "osworld_tasks", "osworld_python",
                 "osworld_provider", "osworld_vm"],

@@ -47,12 +47,15 @@ def render_chat(tokenizer, user: str, system: str | None = None) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
-def prefilled(engine, prompts: list[str], prefix: str, **kw):
-    """engine.generate with the assistant turn started by `prefix`; each completion's text includes it
-    (its ids stay the generated tokens only: the prefix is part of the prompt)."""
-    outs = engine.generate([p + prefix for p in prompts], **kw)
-    for c in (c for cs in outs for c in cs):
-        c.text = prefix + c.text
+def prefilled(engine, prompts: list[str], prefix: str | list[str], **kw):
+    """engine.generate with the assistant turn started by `prefix` (one for all prompts, or one per prompt);
+    each completion's text includes it (its ids stay the generated tokens only: the prefix is part of the
+    prompt)."""
+    prefixes = [prefix] * len(prompts) if isinstance(prefix, str) else prefix
+    outs = engine.generate([p + x for p, x in zip(prompts, prefixes, strict=True)], **kw)
+    for x, cs in zip(prefixes, outs):
+        for c in cs:
+            c.text = x + c.text
     return outs
 
 

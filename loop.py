@@ -98,6 +98,7 @@ def train(cfg: Config) -> Path:
             if eval_due(cfg, it):
                 with stage(timings, "eval"):
                     row |= evaluate(cfg, adapter, engines)
+                row |= tasks.gains((run.metrics() or [{}])[0], row)   # paired over the eval tasks, against iteration 0
             timings |= adapter.pop_timings() | {"time/sync": sync_seconds(engines) - synced}
             run.finish(it, row | timings | memory(), models, slots, t_start)
             if run.writer:
@@ -229,19 +230,19 @@ def print_table(results: dict) -> None:
     """The paper's Table 1 columns for this setting (coding: Code / UT / Detect; agents: success,
     Process Acc, Outcome Acc), one row per eval set, in %, accuracies with their standard error."""
     sets = sorted({k.split("/")[0] for k in results})
-    cols = list(dict.fromkeys(k.split("/", 1)[1] for k in results if not k.endswith("_se")))
+    cols = list(dict.fromkeys(k.split("/", 1)[1] for k in results if tasks.headline(k)))
     widths = [max(16, len(c) + 2) for c in cols]
     print(f"{'eval set':<12}" + "".join(f"{c.upper():>{w}}" for c, w in zip(cols, widths)))
     for s in sets:
         print(f"{s:<12}" + "".join(f"{_pct(results, f'{s}/{c}'):>{w}}" for c, w in zip(cols, widths)))
 
 
-def _pct(results: dict, key: str) -> str:
+def _pct(results: dict, key: str, sign: bool = False) -> str:
     """A metric in %, with ± its standard error when the adapter reports one."""
     if key not in results:
         return "-"
     se = results.get(key + "_se", float("nan"))
-    return f"{100 * results[key]:.1f}" + ("" if math.isnan(se) else f" ± {100 * se:.1f}")
+    return f"{100 * results[key]:{'+' if sign else ''}.1f}" + ("" if math.isnan(se) else f" ± {100 * se:.1f}")
 
 
 def eval_only(cfg: Config) -> None:
@@ -295,8 +296,9 @@ def summary(it: int, row: dict) -> str:
              f"R samples {row['train/rm_samples']}"]
     if "env/proposed" in row:
         parts.append(f"env +{row['env/accepted']}/-{row['env/rejected']} new {row['env/proposed']}")
-    parts += [f"{k.removeprefix('eval/')} {_pct(row, k)}" for k, v in row.items()
-              if k.startswith("eval/") and not k.endswith("_se") and not math.isnan(v)]
+    parts += [f"{k.removeprefix('eval/')} {_pct(row, k)}" + (f" (gain {_pct(row, k + '_gain', sign=True)})"
+                                                             if k + "_gain" in row else "")
+              for k, v in row.items() if k.startswith("eval/") and tasks.headline(k) and not math.isnan(v)]
     parts.append(" ".join(f"{k.removeprefix('time/')} {v:.0f}s" for k, v in row.items() if k.startswith("time/")))
     return " | ".join(parts)
 

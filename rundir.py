@@ -16,6 +16,7 @@ import dist
 import environment as env
 from config import Config, ConfigError
 from models import save
+import tasks
 from records import stage
 
 class Run:
@@ -189,7 +190,7 @@ def plot_curve(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = ["train/acc"] + sorted({k for r in rows for k in r if k.startswith("eval/") and not k.endswith("_se")})
+    keys = ["train/acc"] + sorted({k for r in rows for k in r if k.startswith("eval/") and tasks.headline(k)})
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, group in zip(axes, (keys[:1], keys[1:])):
         for k in group:

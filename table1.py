@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import loop
+import tasks
 
 ROOT = Path(__file__).resolve().parent
 
@@ -97,15 +98,16 @@ def load(args) -> dict:
 
 
 def eval_columns(runs: dict) -> list[str]:
-    """The eval/* keys the runs report, in the adapter's order (standard errors are shown next to their
-    value, not as columns)."""
+    """The eval/* keys the runs report, in the adapter's order, each accuracy followed by its paired gain
+    over iteration 0 (standard errors are shown next to their value, not as columns)."""
     by_set: dict[str, dict] = {}
+    keys = {k for rows in runs.values() for r in rows for k in r}
     for rows in runs.values():
         for r in rows:
             for k in r:
-                if k.startswith("eval/") and not k.endswith("_se"):
+                if k.startswith("eval/") and tasks.headline(k):
                     by_set.setdefault(k.split("/")[1], {})[k] = None
-    return [k for cols in by_set.values() for k in cols]
+    return [c for cols in by_set.values() for k in cols for c in (k, k + "_gain") if c in keys]
 
 
 def last_eval(rows: list[dict]) -> dict:

@@ -79,13 +79,41 @@ def eval_groups(adapter, sets: dict[str, list[Task]], policy, rm, cfg) -> dict[s
     return {name: [g for g, n in zip(groups, names) if n == name] for name in sets}
 
 
-def accuracy(groups: list[Group]) -> tuple[float, float]:
-    """An eval set's accuracy and its standard error: the mean over tasks of each task's accuracy
-    (over its --eval-samples episodes), and std/√n over tasks (the task is the unit that was sampled;
-    nan for a single task)."""
+def accuracy(key: str, groups: list[Group]) -> dict:
+    """An eval set's accuracy, as metrics named after `key`: the mean over tasks of each task's accuracy
+    (over its --eval-samples episodes); `key`_se, std/√n over tasks (the task is the unit that was
+    sampled; nan for a single task); `key`_tasks, each task's accuracy in the set's fixed order, so that
+    two iterations can be compared task by task (paired_gain)."""
     accs = [g.acc for g in groups]
     se = statistics.stdev(accs) / math.sqrt(len(accs)) if len(accs) > 1 else float("nan")
-    return sum(accs) / len(accs), se
+    return {key: sum(accs) / len(accs), key + "_se": se, key + "_tasks": accs}
+
+
+def paired_gain(before: list[float], after: list[float]) -> tuple[float, float]:
+    """An eval's gain between two iterations on the same tasks: the mean of the per-task differences
+    d_i = after_i - before_i and its standard error std(d)/√n. Pairing removes the spread between easy
+    and hard tasks, which dominates the unpaired SE √(se_before² + se_after²) when few tasks are
+    evaluated and the successes sit in a few of them."""
+    if len(before) != len(after):
+        raise ValueError(f"paired_gain: {len(before)} tasks before, {len(after)} after")
+    d = [a - b for b, a in zip(before, after)]
+    return statistics.fmean(d), statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else float("nan")
+
+
+def gains(before: dict, row: dict) -> dict:
+    """Every eval accuracy of `row` that `before` (the iteration-0 row) measured on the same tasks:
+    `key`_gain and `key`_gain_se, its paired gain over iteration 0."""
+    out = {}
+    for k, after in row.items():
+        if k.endswith("_tasks") and len(before.get(k, ())) == len(after):
+            out[k.removesuffix("_tasks") + "_gain"], out[k.removesuffix("_tasks") + "_gain_se"] = \
+                paired_gain(before[k], after)
+    return out
+
+
+def headline(key: str) -> bool:
+    """An eval metric shown as a column: not a standard error, a per-task list or a gain."""
+    return not key.endswith(("_se", "_tasks", "_gain"))
 
 
 def defaults(name: str) -> dict:

@@ -113,7 +113,7 @@ class AgentAdapter(AdapterBase):
         the majority label's share and the balanced accuracy)."""
         out = {}
         for name, mine in eval_groups(self, sets, policy, rm, cfg).items():
-            out[f"{name}/success"], out[f"{name}/success_se"] = accuracy(mine)
+            out |= accuracy(f"{name}/success", mine)
             if rm is not None:
                 m = agent_metrics([ro for g in mine for ro in g.rollouts])
                 if self.labels:

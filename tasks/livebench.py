@@ -14,6 +14,10 @@ Simplifications against the paper, stated up front:
 - The assistant turn is prefilled: P's with "```python\n", R's with "Input:\n```\n". A
   135M model otherwise mostly answers in prose; the prefix is part of the prompt, and the
   stored text of a completion includes it.
+- The CPU default is LiveBench's other coding task, code completion (`--coding-task completion`):
+  P is given a reference solution without its last line (in the prompt, and prefilled after
+  "```python\n") and completes it. SmolLM2-135M writes almost no whole program that passes
+  (README, "Where the learning signal is"); the paper's task is `--coding-task generation`.
 
 Every program is model-written and runs in tasks/sandbox.py.
 """
@@ -34,11 +38,14 @@ from reward_model import parse_test
 from tasks import AdapterBase, TaskError, accuracy, eval_groups
 from tasks.sandbox import RunResult, outputs_match, run_many
 
-# The setting's defaults on a 2-core CPU; each is a flag. The accuracy filter and the zero handling
-# are the released code's coding values; --help shows every released value that differs.
+# The setting's defaults on a 2-core CPU; each is a flag. The zero handling is the released code's coding
+# value; --help shows every released value that differs.
 # Eval: 8 programs per task at the training temperature (released code: 3 greedy), so that 16 in-domain
 # tasks give 128 programs, a standard error of at most 2.6 points where success is under 10 %.
-DEFAULTS = {"acc_lower": 0.2, "acc_upper": 0.8, "drop_zero_adv": False, "eval_samples": 8, "eval_temperature": 1.0}
+# Task: code completion, where the 135M model has signal (released code: whole programs, --coding-task generation).
+# Accuracy filter: the paper's [1/8, 7/8] (released coding: [0.2, 0.8]); at a base rate of a few percent most groups
+# that have a success have exactly one, and the released filter drops them all.
+DEFAULTS = {"drop_zero_adv": False, "eval_samples": 8, "eval_temperature": 1.0, "coding_task": "completion"}
 # The released code's coding configuration (configs/coding_rl.yaml and the rollout scripts), for
 # --preset reference: 64 tasks × 32 programs, 16 generated tests, 2/2 optimizer steps, LR 1e-6.
 REFERENCE = {
@@ -47,7 +54,7 @@ REFERENCE = {
     "env_temperature": 0.8, "env_top_p": 0.95, "env_max_new_tokens": 8096, "lr": 1e-6, "rm_lr": 1e-6,
     "policy_steps": 2, "rm_steps": 2, "acc_lower": 0.2, "acc_upper": 0.8, "drop_zero_adv": False,
     "coding_reward": "reference", "fresh_optimizer": True, "log_ratio_clamp": 10.0, "iterations": 300,
-    "eval_every": 10, "eval_samples": 3, "eval_temperature": 0.0,
+    "eval_every": 10, "eval_samples": 3, "eval_temperature": 0.0, "coding_task": "generation",
 }
 BUILTIN = Path(__file__).parent / "data" / "livebench_builtin.jsonl"
 MIN_GENERATED_TESTS = 4
@@ -59,6 +66,16 @@ print the answer to standard output. Print nothing else: no prompt text in input
 complete program in one ```python code block.
 
 {problem}"""
+
+COMPLETION_PROMPT = """Complete the Python 3 program below so that it solves the problem. It reads the input from \
+standard input and prints the answer to standard output. Print nothing else: no prompt text in input(), no labels. \
+Reply with the complete program in one ```python code block, starting with the given lines.
+
+{problem}
+
+The program so far:
+```python
+{given}```"""
 
 FUNCTIONAL_POLICY_PROMPT = """Complete the Python code below so that it solves the problem. Reply with the complete \
 code (including the given signature) in one ```python code block.
@@ -140,6 +157,12 @@ print(_json.dumps(_fn(*_args)))
 
 def load_builtin(path: Path = BUILTIN) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def given_lines(solution: str) -> str:
+    """Code completion's partial solution: every line of `solution` but its last ("" for a one-liner)."""
+    lines = solution.rstrip("\n").split("\n")
+    return "".join(line + "\n" for line in lines[:-1])
 
 
 def builtin_task(row: dict) -> Task:
@@ -358,10 +381,17 @@ class Adapter(AdapterBase):
         except (OSError, json.JSONDecodeError) as e:
             raise TaskError(f"built-in problem set unreadable: {e}") from None
         self.tasks = [builtin_task(r) for r in rows]
+        for t in self.tasks:
+            self._set_given(t)
         self.ladders: dict[str, dict[int, Task]] = {}
         for t in self.tasks:
             self.ladders.setdefault(t.ladder, {})[t.level] = t
         self.livebench = load_livebench(cfg.data) if cfg.data else []
+
+    def _set_given(self, task: Task) -> None:
+        """Under --coding-task completion, the lines of the reference solution P is given."""
+        if self.cfg.coding_task == "completion":
+            task.data["given"] = given_lines(task.data["solution"])
 
     # — task sets —
     def train_tasks(self) -> list[Task]:
@@ -378,14 +408,18 @@ class Adapter(AdapterBase):
 
     # — P plays —
     def policy_prompt(self, task: Task, tokenizer) -> str:
-        template = POLICY_PROMPT if task.data["format"] == "stdin" else FUNCTIONAL_POLICY_PROMPT
-        return render_chat(tokenizer, template.format(problem=task.prompt))
+        if task.data["format"] != "stdin":
+            return render_chat(tokenizer, FUNCTIONAL_POLICY_PROMPT.format(problem=task.prompt))
+        if task.data.get("given"):
+            return render_chat(tokenizer, COMPLETION_PROMPT.format(problem=task.prompt, given=task.data["given"]))
+        return render_chat(tokenizer, POLICY_PROMPT.format(problem=task.prompt))
 
     def rollout(self, tasks: list[Task], G: int, engine, cfg, temperature: float | None = None,
                 max_turns: int | None = None) -> list[Group]:
         """G programs per task (one step each: max_turns does not apply)."""
         prompts = [self.policy_prompt(t, engine.tokenizer) for t in tasks]
-        outs = prefilled(engine, prompts, CODE_PREFIX, n=G, max_new_tokens=cfg.max_new_tokens, top_p=cfg.top_p,
+        # the answer starts with the code block, and under code completion with the given lines
+        outs = prefilled(engine, prompts, [CODE_PREFIX + t.data.get("given", "") for t in tasks], n=G, max_new_tokens=cfg.max_new_tokens, top_p=cfg.top_p,
                          temperature=cfg.temperature if temperature is None else temperature, desc="P writes programs")
         programs = [[extract_code(c.text) for c in cs] for cs in outs]
         # only Eq. 1's outcome is needed (not the share of tests passed) unless the reward is the released one or
@@ -429,7 +463,7 @@ class Adapter(AdapterBase):
         generate call for P and one for R (bigger batches are faster)."""
         out = {}
         for name, mine in eval_groups(self, sets, policy, rm, cfg).items():
-            out[f"{name}/code"], out[f"{name}/code_se"] = accuracy(mine)
+            out |= accuracy(f"{name}/code", mine)
             if rm is None:
                 continue
             gt_pass, passes, ok = [], [], []
@@ -474,6 +508,7 @@ class Adapter(AdapterBase):
             return None
         task = Task(id=f"{root.id}~gen", prompt=problem, ladder=root.ladder, level=None, origin="generated",
                     data={"format": "stdin", "tests": tests, "solution": solution, "split": "train", "root": False})
+        self._set_given(task)
         return task if all(run_gt([(task, solution)], self.cfg.sandbox_timeout)[0]) else None
 
     # — critic feedback for E —

@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT))
 import loop  # noqa: E402
 from records import Completion  # noqa: E402
 from tasks import maze as mz  # noqa: E402
-from tasks.livebench import load_builtin  # noqa: E402
+from tasks.livebench import given_lines, load_builtin  # noqa: E402
 
 DATA = ROOT / "tests" / "data"
 ARGS = {
@@ -29,6 +29,13 @@ ARGS = {
                   "--sandbox-timeout", "3", "--lr", "1e-3", "--rm-lr", "1e-3"],
 }
 VOLATILE = ("time/", "sys/")   # wall-clock and memory: not part of the behaviour
+
+
+def continuation(solution: str, prompt: str) -> str:
+    """A correct program's text after `prompt`: under code completion the prompt ends with the given lines
+    and P continues them; otherwise the whole solution."""
+    given = given_lines(solution)
+    return solution[len(given):] if given and prompt.endswith(given) else solution
 
 
 class Scripted:
@@ -66,7 +73,7 @@ class Scripted:
             stdin, out = self.tests[key]
             return f"{stdin}```\nOutput:\n```\n{out if j % 2 == 0 else 'wrong'}\n```"
         if key is not None:
-            return (self.solutions[key] if j % 2 == 0 else "print(0)") + "\n```"
+            return (continuation(self.solutions[key], prompt) if j % 2 == 0 else "print(0)") + "\n```"
         return "no}"
 
     def generate(self, prompts, n=1, **kw):

@@ -15,7 +15,7 @@ import environment as env
 from records import Completion
 from records import Group, Rollout, Step
 from tasks import TaskError
-from tasks.livebench import (Adapter, extract_code, load_builtin, load_humaneval, load_livebench, run_gt,
+from tasks.livebench import (Adapter, extract_code, given_lines, load_builtin, load_humaneval, load_livebench, run_gt,
                              run_tests)
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -23,7 +23,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 def cfg(**kw):
     base = dict(data="", humaneval_limit=0, seed=0, sandbox_timeout=5.0, m=2, rm_temperature=0.8, rm_top_p=1.0,
-                rm_max_new_tokens=16, temperature=1.0, top_p=1.0, max_new_tokens=16)
+                rm_max_new_tokens=16, temperature=1.0, top_p=1.0, max_new_tokens=16, coding_task="generation",
+                coding_reward="integrated", env_mode="variants")
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -229,6 +230,31 @@ def test_generate_mode_takes_first_valid_try():
     assert task is not None and tries == 2 and e.calls == 1   # the N tries come from one generate call
     e = ScriptedEngine(["nope"] * 3)
     assert env.propose([(slot, "easier", "")], a, "generate", e, retries=3) == [(None, 3)]
+
+
+def test_given_lines_drop_the_last_line():
+    assert given_lines("n = int(input())\nfor i in range(n):\n    print(i)\n") == "n = int(input())\nfor i in range(n):\n"
+    assert given_lines("a = 1\nprint(a)") == "a = 1\n"
+    assert given_lines("print(1)\n") == ""
+
+
+def test_code_completion_gives_the_first_lines_and_scores_the_whole_program():
+    a = Adapter(cfg(coding_task="completion"))
+    assert all(t.data["given"] and t.data["solution"].startswith(t.data["given"]) for t in a.tasks)
+    assert "given" not in Adapter(cfg()).tasks[0].data                       # generation: nothing given
+    task = next(t for t in a.tasks if t.id == "sum-0")
+    assert task.data["given"] == "a, b = map(int, input().split())\n"
+    prompt = a.policy_prompt(task, ScriptedEngine([]).tokenizer)
+    assert prompt.endswith("```python\na, b = map(int, input().split())\n```") and task.prompt in prompt
+    # P continues after the given lines: the stored text holds them, the program is the whole block
+    e = ScriptedEngine(["print(a + b)\n```", "print(a - b)\n```"])
+    [g] = a.rollout([task], 2, e, cfg(coding_task="completion"))
+    assert e.prompts == [prompt + "```python\na, b = map(int, input().split())\n"]
+    assert g.rollouts[0].steps[0].response == "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+    assert [ro.outcome for ro in g.rollouts] == [1, -1]
+    # E's generated problems are completed the same way
+    good = a.parse_rewrite(task, _rewrite("n = int(input())\nprint(2 * n)"))
+    assert good.data["given"] == "n = int(input())\n"
 
 
 HOSTILE = {

@@ -19,6 +19,7 @@ import config
 import loop
 import models
 import rundir
+from golden import continuation
 from tasks.livebench import load_builtin
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,7 +76,7 @@ class ScriptedPolicy:
                     stdin, out = self.tests[key]
                     text = f"{stdin}```\nOutput:\n```\n{out if j % 2 == 0 else 'wrong'}\n```"  # after TEST_PREFIX
                 elif j % 2 == 0:
-                    text = f"{self.solutions[key]}```"  # after CODE_PREFIX
+                    text = f"{continuation(self.solutions[key], prompt)}```"  # after CODE_PREFIX (+ given lines)
                 else:
                     continue
                 c.text, c.ids = text, self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -235,7 +236,9 @@ def test_each_setting_shows_its_own_defaults_and_the_released_values():
     cfg = loop.parse_args(["--task", "osworld"])
     assert (cfg.acc_lower, cfg.acc_upper, cfg.drop_zero_adv, cfg.policy_steps, cfg.rm_steps) == (0.0, 1.0, True, 4, 2)
     cfg = loop.parse_args(["--task", "livebench"])
-    assert (cfg.acc_lower, cfg.acc_upper, cfg.drop_zero_adv, cfg.fresh_optimizer) == (0.2, 0.8, False, True)
+    # coding: the paper's filter, not the released [0.2, 0.8] (METHOD.md deviation 2), on code completion (27)
+    assert (cfg.acc_lower, cfg.acc_upper, cfg.drop_zero_adv, cfg.fresh_optimizer) == (1 / 8, 7 / 8, False, True)
+    assert cfg.coding_task == "completion" and "[released code: generation] (default: completion)" in flat["livebench"]
 
 
 def test_preset_reference_is_the_released_configuration_and_flags_still_win():

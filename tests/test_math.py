@@ -225,7 +225,7 @@ def test_reference_coding_reward_worked_example():
     mean .375, std √.171875 = .41458 → [1.5076, .3015, −.9045, −.9045]. Fractions [1, .5, 0]: acc 1/3,
     advantages [1.2247, 0, −1.2247], and the 0 is KEPT (coding keeps zero advantages)."""
     import loop
-    cfg = loop.parse_args(["--task", "livebench", "--coding-reward", "reference"])
+    cfg = loop.parse_args(["--task", "livebench", "--preset", "reference"])   # the released reward and filter
     kw = dict(reward=cfg.coding_reward, acc_range=(cfg.acc_lower, cfg.acc_upper), drop_zero=cfg.drop_zero_adv)
     assert kw == dict(reward="reference", acc_range=(0.2, 0.8), drop_zero=False)
     task = Task("t", "p", {})
@@ -266,3 +266,27 @@ def test_token_loss_hand_values_and_log_ratio_clamp():
     assert pg.item() == pytest.approx(math.exp(10))              # A < 0: −min(r·A, 1.2·A) = r
     _, kl, r = token_loss(torch.tensor([[30.0]]), torch.tensor([[0.0]]), torch.tensor([-1.0]), log_ratio_clamp=0)
     assert r.item() == pytest.approx(math.exp(30), rel=1e-4) and kl.item() == pytest.approx(29.0)
+
+
+def test_paired_gain_by_hand():
+    """Four eval tasks before and after: d = (0.25, 0, 0, 0.5), mean 0.1875; the deviations from it are
+    (0.0625, -0.1875, -0.1875, 0.3125), squares summing to 0.171875, so std = √(0.171875 / 3) = 0.23936
+    and SE = 0.23936 / √4 = 0.11968."""
+    from tasks import paired_gain
+    gain, se = paired_gain([0.0, 0.5, 1.0, 0.25], [0.25, 0.5, 1.0, 0.75])
+    assert gain == pytest.approx(0.1875) and se == pytest.approx(0.119678, abs=1e-6)
+    with pytest.raises(ValueError):
+        paired_gain([0.0, 1.0], [1.0])
+
+
+def test_eval_accuracy_keeps_each_task_and_gains_pair_them():
+    from tasks import accuracy, gains, headline
+    task = Task("t", "p", {})
+    groups = [Group(task, [Rollout("t", [], o) for o in outs]) for outs in ([1, -1], [-1, -1], [1, 1])]
+    m = accuracy("in_domain/code", groups)
+    assert m["in_domain/code_tasks"] == [0.5, 0.0, 1.0] and m["in_domain/code"] == pytest.approx(0.5)
+    assert m["in_domain/code_se"] == pytest.approx(0.5 / math.sqrt(3))
+    later = {"in_domain/code_tasks": [1.0, 0.5, 1.0], "ood/code_tasks": [0.0]}
+    g = gains(m, later)   # ood was not measured before: no gain for it
+    assert g == {"in_domain/code_gain": pytest.approx(1 / 3), "in_domain/code_gain_se": pytest.approx(math.sqrt(1 / 12) / math.sqrt(3))}
+    assert [k for k in [*m, *g] if headline(k)] == ["in_domain/code"]

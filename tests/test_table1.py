@@ -45,12 +45,15 @@ def test_study_resumes_after_a_kill_and_prints_table1(tmp_path):
     first = next(block for block in out.split("\n\n") if "| row | iteration" in block)   # Table 1, not the dynamics
     lines = [line for line in first.splitlines() if line.startswith("|")]
     head = [c.strip() for c in lines[0].strip("|").split("|")]
-    assert head[:4] == ["row", "iteration", "in_domain/success", "in_domain/process_acc"] and "ood/success" in head
+    assert head[:5] == ["row", "iteration", "in_domain/success", "in_domain/success_gain", "in_domain/process_acc"]
+    assert "ood/success" in head and "ood/success_gain" in head
     body = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")] for line in lines[2:]}
     assert set(body) == {"before", "grpo", "full"}
     success = body["full"][head.index("in_domain/success")]
     assert " ± " in success and success.count("±") == 3               # mean ± std (seed 0 ± se, seed 1 ± se)
     assert body["grpo"][head.index("in_domain/process_acc")] == "-"   # grpo has no R
+    gain = body["full"][head.index("in_domain/success_gain")]          # paired over the eval tasks, per seed
+    assert gain.count("±") == 3 and body["before"][head.index("in_domain/success_gain")] == "-"
     assert (runs / "table1.png").stat().st_size > 5000
     again = subprocess.run([sys.executable, str(ROOT / "table1.py"), *FLAGS, "--runs-dir", str(tmp_path),
                             "--report-only"], cwd=ROOT, capture_output=True, text=True, timeout=300)
