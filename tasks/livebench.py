@@ -40,8 +40,8 @@ from tasks.sandbox import RunResult, outputs_match, run_many
 
 # The setting's defaults on a 2-core CPU; each is a flag. The zero handling is the released code's coding
 # value; --help shows every released value that differs.
-# Eval: 8 programs per task at the training temperature (released code: 3 greedy), so that 16 in-domain
-# tasks give 128 programs, a standard error of at most 2.6 points where success is under 10 %.
+# Eval: 8 programs per task at the training temperature (released code: 3 greedy): a 135M policy's greedy
+# program is almost never right, and 8 samples per task shrink the within-task part of the standard error.
 # Task: code completion, where the 135M model has signal (released code: whole programs, --coding-task generation).
 # Accuracy filter: the paper's [1/8, 7/8] (released coding: [0.2, 0.8]); at a base rate of a few percent most groups
 # that have a success have exactly one, and the released filter drops them all.
@@ -419,8 +419,9 @@ class Adapter(AdapterBase):
         """G programs per task (one step each: max_turns does not apply)."""
         prompts = [self.policy_prompt(t, engine.tokenizer) for t in tasks]
         # the answer starts with the code block, and under code completion with the given lines
-        outs = prefilled(engine, prompts, [CODE_PREFIX + t.data.get("given", "") for t in tasks], n=G, max_new_tokens=cfg.max_new_tokens, top_p=cfg.top_p,
-                         temperature=cfg.temperature if temperature is None else temperature, desc="P writes programs")
+        outs = prefilled(engine, prompts, [CODE_PREFIX + t.data.get("given", "") for t in tasks], n=G,
+                         max_new_tokens=cfg.max_new_tokens, top_p=cfg.top_p, desc="P writes programs",
+                         temperature=cfg.temperature if temperature is None else temperature)
         programs = [[extract_code(c.text) for c in cs] for cs in outs]
         # only Eq. 1's outcome is needed (not the share of tests passed) unless the reward is the released one or
         # E is told the pass rate of every GT test (generate mode): then a program stops at its first failure
