@@ -14,9 +14,9 @@ from pathlib import Path
 
 import dist
 import environment as env
+import tasks
 from config import Config, ConfigError
 from models import save
-import tasks
 from records import stage
 
 class Run:

@@ -106,8 +106,8 @@ def gains(before: dict, row: dict) -> dict:
     out = {}
     for k, after in row.items():
         if k.endswith("_tasks") and len(before.get(k, ())) == len(after):
-            out[k.removesuffix("_tasks") + "_gain"], out[k.removesuffix("_tasks") + "_gain_se"] = \
-                paired_gain(before[k], after)
+            base = k.removesuffix("_tasks")
+            out[base + "_gain"], out[base + "_gain_se"] = paired_gain(before[k], after)
     return out
 
 
