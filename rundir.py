@@ -16,11 +16,11 @@ import dist
 import environment as env
 import tasks
 from config import Config, ConfigError
-from models import save
+from models import machine, save
 from records import stage
 
 class Run:
-    """runs/<name>/: config.json, metrics.jsonl, tb/, curve.png, samples/, and ckpt/ — the last finished
+    """runs/<name>/: config.json, machine.jsonl, metrics.jsonl, tb/, curve.png, samples/, and ckpt/ — the last finished
     iteration's P, R (HF format + optimizer), environment slots and state, swapped in atomically.
 
     The folder is locked (`.lock`, fcntl.flock) for the run's lifetime: a second launch on it stops
@@ -83,6 +83,8 @@ class Run:
             return
         (self.dir / "samples").mkdir(parents=True, exist_ok=True)
         (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(self.cfg), indent=2))
+        with open(self.dir / "machine.jsonl", "a") as f:   # one line per launch: a resumed run may move
+            f.write(json.dumps({"from_iteration": start, **machine()}) + "\n")
         self.tb = SummaryWriter(self.dir / "tb", purge_step=start + 1 if self.cfg.resume else None)
 
     def finish(self, iteration: int, row: dict, models: dict, slots, t_start: float | None = None) -> None:
@@ -92,6 +94,7 @@ class Run:
             if self.writer:
                 self.prepare(models, slots)
             if dist.active():   # every rank writes its optimizer shards into ckpt.tmp (a collective)
+                dist.barrier()   # ... once rank 0 has recreated ckpt.tmp, or its rmtree races their mkdirs
                 for name, (_, _, optimizer, trainer) in models.items():
                     if optimizer is not None:
                         dist.save_optimizer(trainer, optimizer, self.dir / "ckpt.tmp" / name / "optimizer")

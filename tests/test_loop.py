@@ -160,6 +160,18 @@ def test_lora_run_saves_adapters_resumes_and_evaluates(tmp_path):
     assert r.returncode == 0 and "in_domain" in r.stdout, r.stderr[-3000:]
 
 
+def test_each_launch_records_its_machine(tmp_path):
+    cfg = loop.parse_args(["--runs-dir", str(tmp_path), "--name", "r"])
+    run = rundir.Run(cfg)
+    run.create()
+    run.create(start=3)   # a resumed launch appends
+    run.close()
+    lines = [json.loads(x) for x in (run.dir / "machine.jsonl").read_text().splitlines()]
+    assert [x["from_iteration"] for x in lines] == [0, 3]
+    assert lines[0]["torch"] == torch.__version__ and lines[0]["cpus"] == os.cpu_count()
+    assert lines[0]["cpu_isa"] in ("amx_bf16", "avx512_bf16", "avx512f", "avx2", "")
+
+
 def test_recover_from_kill_between_renames(tmp_path):
     cfg = loop.parse_args(["--runs-dir", str(tmp_path), "--name", "r"])
     run = rundir.Run(cfg)
