@@ -241,7 +241,9 @@ class _VLLMServer:
         cores = _my_cores()
         for key, value in {  # must be set before vllm is imported
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # in-process engine: a sync is a tensor copy, not IPC
-            "VLLM_LOGGING_LEVEL": "WARNING",
+            # vLLM's warnings on this path are about parts we do not use (its tokenizer, Triton,
+            # tcmalloc) and bury the loop's own lines; VLLM_LOGGING_LEVEL=WARNING shows them
+            "VLLM_LOGGING_LEVEL": "ERROR",
             # CPU build: bind the OMP threads to this process's cores (the default keeps one core back
             # for a serving frontend we don't have), and size the KV cache in GiB.
             "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores)),
