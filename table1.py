@@ -129,7 +129,8 @@ def fmt(rows: list[dict], col: str) -> str:
 
 def table(args, runs: dict) -> str:
     """Markdown: a "before" line (each seed's iteration-0 eval), then one line per row (its last eval),
-    mean ± std over seeds with the per-seed values in %, and the mean minutes per run."""
+    mean ± std over seeds with the per-seed values in %, and the mean minutes per run (the sum of its
+    iterations' time: vLLM's start and the iteration-0 eval are not in it)."""
     cols = eval_columns(runs)
     head = ["row", "iteration", *[c.removeprefix("eval/") for c in cols], "min/run"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
