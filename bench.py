@@ -184,6 +184,7 @@ def m_dist(args) -> None:
     if rank == 0:
         emit(part="dist", ranks=world, s_per_step=secs, tok_s=8 * 512 / secs, tok_s_per_rank=8 * 512 / secs / world,
              peak_rss_gib=peak_rss_gib())
+    dist.exit_process(0)
 
 
 def m_loop(args) -> None:

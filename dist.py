@@ -16,10 +16,13 @@ reader of the method can skip this file.
   torchrun's process group (`external_launcher`, engines.py), and the full copy waits on the CPU.
 - Data: tasks are sharded, not rollouts (`shard_tasks`), so a group stays on one rank and Eq. 2 / Eq. 3
   stay local; `gather` collects what E and the logs need from every rank.
+- Exit: `exit_process` leaves without the interpreter's teardown, where gloo can abort a finished rank.
 """
 from __future__ import annotations
 
+import atexit
 import os
+import sys
 
 import torch
 import torch.distributed as td
@@ -46,6 +49,21 @@ def init() -> tuple[int, int]:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         td.init_process_group(backend)
     return rank(), world_size()
+
+
+def exit_process(code: int) -> None:
+    """Exit with `code`. Under torchrun: destroy the process group, run the exit handlers, flush, and
+    skip the interpreter's teardown (os._exit). A gloo worker thread can still be releasing the last
+    collective's tensors when teardown begins; it then waits for the GIL of a finalizing interpreter,
+    and the rank dies with SIGABRT ("terminate called without an active exception") after its work
+    is done. destroy_process_group does not stop those threads (a core dump showed them in runLoop)."""
+    if not active():
+        sys.exit(code)
+    td.destroy_process_group()
+    atexit._run_exitfuncs()   # what a normal exit runs first (the osworld task's browser cleanup)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _reduce(x: float, op) -> float:

@@ -329,4 +329,4 @@ if __name__ == "__main__":
     # SIGTERM (kill, a scheduler) exits like Ctrl-C does, so exit handlers run: the osworld task's
     # browsers are killed with the run. The checkpoint is atomic either way.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    sys.exit(main())
+    dist.exit_process(main())

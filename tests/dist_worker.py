@@ -58,4 +58,4 @@ if __name__ == "__main__":
             if rank == 0 else greedy
         torch.save({"greedy": greedy, "alone": alone}, out / f"vllm{rank}.pt")
     dist.gather(rank)   # every rank got here
-    torch.distributed.destroy_process_group()
+    dist.exit_process(0)

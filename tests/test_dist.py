@@ -152,3 +152,23 @@ def test_what_torchrun_does_not_cover_is_a_one_line_error():
     cfg = parse_args([*base, "--engine", "vllm"])
     check_distributed(cfg, 2)
     assert cfg.engine == "vllm"   # one engine per rank now: kept, never swapped for another
+
+
+def test_a_rank_exits_with_its_code_after_its_exit_handlers(tmp_path):
+    """dist.exit_process under torchrun: each rank's exit code is the one given and its exit handlers
+    ran (the loop's browser cleanup is one), though the interpreter's teardown is skipped."""
+    script = tmp_path / "leave.py"
+    script.write_text(f"""import atexit, sys
+sys.path.insert(0, {str(ROOT)!r})
+import dist
+rank, world = dist.init()
+atexit.register(lambda: open({str(tmp_path)!r} + f"/handler{{rank}}", "w").write("ran"))
+dist.gather(rank)
+dist.exit_process(3 + rank)
+""")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        str(script)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode != 0
+    for rank in (0, 1):
+        assert (tmp_path / f"handler{rank}").read_text() == "ran"
+    assert "exitcode  : 3 " in r.stderr or "exitcode  : 4 " in r.stderr, r.stderr[-2000:]
