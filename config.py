@@ -89,6 +89,8 @@ class Config:
     log_ratio_clamp: float = opt(10.0, "clamp log(π_θ/π_old) to ±this before exp in the loss (Eq. 5; 0: off)")
     fresh_optimizer: bool = opt(True, "a new AdamW every iteration (released code); --no-fresh-optimizer keeps its "
                                 "state across iterations and checkpoints it")
+    warmup_steps: int = opt(0, "linear LR warm-up over each AdamW's first N optimizer steps: with a fresh optimizer "
+                            "every iteration's, else the run's first N (0: constant LR, the released code)")
     micro_batch: int = opt(4, "sequences per forward/backward (gradient accumulation)")
     max_train_samples: int = opt(0, "per model and iteration, train on at most this many samples, drawn at random (0: all)")
     gen_batch: int = opt(64, "sequences per generate call")
@@ -96,6 +98,8 @@ class Config:
     lora_rank: int = opt(0, "LoRA rank for P and R via peft (0: full fine-tune); vLLM gets the merged weights")
     grad_checkpointing: bool = opt(True, "recompute decoder activations in backward: less memory, slower steps (docs/NOTES.md)")
     sandbox_timeout: float = opt(5.0, "seconds per program run")
+    validation: bool = opt(False, "evaluate on the setting's validation split instead of its eval sets: for "
+                           "choosing hyperparameters (maze, livebench; the eval sets are not played)")
     eval_every: int = opt(5, "evaluate every N iterations (0: only before and after; -1: never, e.g. for benchmarks)")
     eval_samples: int = opt(1, "policy samples per eval task")
     eval_tasks: int = opt(0, "tasks per eval set, a fixed random subset (0: all)")
@@ -199,6 +203,7 @@ RANGES = [
     ("env_retries", lambda v: v >= 1, "at least 1"),
     ("policy_steps", lambda v: v >= 1, "at least 1"),
     ("rm_steps", lambda v: v >= 1, "at least 1"),
+    ("warmup_steps", lambda v: v >= 0, ">= 0 (0: no warm-up)"),
     ("lr", lambda v: 0 < v < 1, "in (0, 1)"),
     ("rm_lr", lambda v: 0 < v < 1, "in (0, 1)"),
     ("lam", lambda v: v >= 0, ">= 0"),

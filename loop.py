@@ -166,15 +166,23 @@ def optimize(cfg: Config, model_tok_opt, engine, samples, it: int, name: str) ->
         samples = random.Random(iteration_seed(cfg, it)).sample(samples, cfg.max_train_samples)
     stats = ppo_update(trainer, optimizer, samples, tok.pad_token_id, steps=cfg.policy_steps if name == "policy"
                        else cfg.rm_steps, clip_eps=cfg.clip_eps, kl_beta=cfg.kl_beta, micro_batch=cfg.micro_batch,
-                       amp=cfg.amp, seed=it, log_ratio_clamp=cfg.log_ratio_clamp)
+                       amp=cfg.amp, seed=it, log_ratio_clamp=cfg.log_ratio_clamp, warmup_steps=cfg.warmup_steps)
     engine.sync()
     release_memory()
     return {f"losses/{name}_{k}": v for k, v in stats.items()}
 
 
 def iteration_row(groups, is_active, p_samples, r_samples, slots, env_stats) -> dict:
-    """What one iteration logs about its rollouts, samples and slots (metrics.jsonl, TensorBoard)."""
+    """What one iteration logs about its rollouts, samples and slots (metrics.jsonl, TensorBoard), with
+    the signs of a collapse over every rollout played: the share of P's answers that are no valid action
+    or program, of R's judgments with no verdict (coding: malformed tests), and their mean lengths in tokens."""
+    steps = [st for g in groups for ro in g.rollouts for st in ro.steps]
+    judgments = [c for g in groups for c in g.tests] + [c for st in steps for c in st.judgments]
     return {"train/acc": _mean(g.acc for g, a in zip(groups, is_active) if a),
+            "train/policy_unparseable": _mean(not st.parsed for st in steps),
+            "train/policy_response_len": _mean(len(st.response_ids) for st in steps),
+            "train/rm_unparseable": _mean(v == 0 for st in steps for v in st.verdicts),
+            "train/rm_response_len": _mean(len(c.ids) for c in judgments),
             "train/rewrite_acc": _mean(g.acc for g, a in zip(groups, is_active) if not a), "train/tasks": len(groups),
             "train/policy_samples": int(dist.all_sum(len(p_samples))),   # every rank's
             "train/rm_samples": int(dist.all_sum(len(r_samples))),

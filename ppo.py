@@ -44,7 +44,9 @@ class LogProbs(torch.nn.Module):
         super().__init__()
         self.model, self.chunk = model, chunk
 
-    def forward(self, input_ids, attention, amp: bool = True):
+    def forward(self, input_ids, attention, amp: bool = True, entropy: bool = False):
+        """[B, L-1] log-probs; with entropy=True also the [B, L-1] entropy of π at every position (no
+        gradient), from the same chunked logits."""
         with amp_context(amp):
             hidden = self.model.get_decoder()(input_ids=input_ids, attention_mask=attention).last_hidden_state
         hidden, targets = hidden[:, :-1], input_ids[:, 1:]  # [B, L-1, H], [B, L-1]
@@ -53,14 +55,30 @@ class LogProbs(torch.nn.Module):
         def chunk_logprobs(h, t):
             with amp_context(amp):
                 logits = head(h)  # [B, c, V]
-            return torch.log_softmax(logits.float(), dim=-1).gather(-1, t.unsqueeze(-1)).squeeze(-1)  # [B, c]
+            logp = torch.log_softmax(logits.float(), dim=-1)  # [B, c, V]
+            picked = logp.gather(-1, t.unsqueeze(-1)).squeeze(-1)  # [B, c]
+            if not entropy:
+                return picked
+            with torch.no_grad():
+                return picked, token_entropy(logp)  # [B, c], [B, c]
 
         parts = []
         for s in range(0, targets.shape[1], self.chunk):
             h, t = hidden[:, s:s + self.chunk], targets[:, s:s + self.chunk]
             parts.append(checkpoint(chunk_logprobs, h, t, use_reentrant=False) if torch.is_grad_enabled()
                          else chunk_logprobs(h, t))
+        if entropy:
+            return torch.cat([p for p, _ in parts], dim=1), torch.cat([e for _, e in parts], dim=1)  # [B, L-1] ×2
         return torch.cat(parts, dim=1)  # [B, L-1]
+
+
+def token_entropy(logp):
+    """H(π) = −Σ_v π(v) log π(v) over the last axis, from log-probs: [..., V] → [...].
+
+        >>> round(token_entropy(torch.log(torch.tensor([0.5, 0.25, 0.25]))).item(), 4)   # 1.5 bits = 1.0397 nats
+        1.0397
+    """
+    return -(logp.exp() * logp).nan_to_num().sum(-1)   # 0·log 0 = 0 where π(v) = 0
 
 
 def token_logprobs(model, input_ids, attention, chunk: int = 256, amp: bool = True):
@@ -91,14 +109,20 @@ def token_loss(logp, logp_old, adv, clip_eps: float = 0.2, log_ratio_clamp: floa
 
 def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: int, clip_eps: float = 0.2,
                kl_beta: float = 0.01, micro_batch: int = 4, amp: bool = True, max_grad_norm: float = 1.0,
-               seed: int = 0, log_ratio_clamp: float = 10.0) -> dict:
+               seed: int = 0, log_ratio_clamp: float = 10.0, warmup_steps: int = 0) -> dict:
     """Eq. 5: `steps` PPO-clip optimizer steps over this iteration's samples.
 
-    Per token t of sample i, with r = π_θ/π_old and the k3 KL estimator to the
-    pre-update policy π_old (= π_ref here), as `token_loss` computes them:
+    Per token t of sample i, with r = π_θ/π_old and the k3 KL estimator to π_old, the policy that
+    sampled the data (the weights before this update; no separate frozen reference model), as
+    `token_loss` computes them:
         ℓ_t = −min(r·A_i, clip(r, 1−ε, 1+ε)·A_i) + β·(π_old/π_θ − log(π_old/π_θ) − 1)
     The loss is the token-mean per sequence, then the mean over the mini-batch.
     "Old" log-probs are recomputed here by the trained model, never taken from the sampler.
+
+    Diagnostics returned (each a mean over micro-batches of the token mean): clipfrac and kl during the
+    update (CleanRL's convention: the first mini-batch is on-policy, r = 1); entropy, π_old's entropy on
+    the trained response tokens; update_clipfrac and update_kl, π after the last step against π_old on
+    every trained token (one more forward pass): how far the whole update moved π, whatever `steps` is.
     """
     if not dist.all_sum(len(samples)):
         return {}
@@ -109,25 +133,37 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
     order = list(range(len(micro)))
     random.Random(seed).shuffle(order)
     per_step = [order[s::steps] for s in range(steps)]   # `steps` mini-batches of micro-batches
-    blank = [Sample([pad_id], [pad_id], 0.0)]            # a zero-weight micro-batch (dist: equal work per rank)
+    stats = {"loss": [], "clipfrac": [], "kl": [], "entropy": [], "grad_norm": [], "update_clipfrac": [],
+             "update_kl": []}
+
+    def batches(keys):
+        """(key, collated micro-batch) for `keys`, padded with zero-weight blanks (key None) so that every
+        rank runs as many forward passes as the busiest one (dist: FSDP2's collectives)."""
+        blank = [Sample([pad_id], [pad_id], 0.0)]
+        for k in keys + [None] * (dist.all_max(len(keys)) - len(keys)):
+            yield k, _collate(micro[k] if k is not None else blank, pad_id, device)
+
+    def record(name, values, mask):
+        stats[name].append(((values * mask).sum() / mask.sum().clamp(min=1)).item())
+
     lp.train()
     with torch.no_grad():  # π_old for the micro-batches that train after the first optimizer step; for the
         old = {}           # first mini-batch π_old = π_θ, so its own forward pass gives it (one pass saved)
-        later = [k for group in per_step[1:] for k in group]
-        for k in later + [None] * (dist.all_max(len(later)) - len(later)):
-            ids, att, _, _ = _collate(micro[k] if k is not None else blank, pad_id, device)
-            old[k] = lp(ids, att, amp=amp)  # [b, L-1]
-    stats = {"loss": [], "clipfrac": [], "kl": [], "grad_norm": []}
+        for k, (ids, att, mask, _) in batches([k for group in per_step[1:] for k in group]):
+            old[k], ent = lp(ids, att, amp=amp, entropy=True)  # [b, L-1] each
+            if k is not None:
+                record("entropy", ent, mask)
     for group in per_step:
         n_seq = dist.all_sum(sum(len(micro[k]) for k in group))   # the mini-batch's sequences, every rank's
         if not n_seq:
             continue
         optimizer.zero_grad(set_to_none=True)
-        for k in group + [None] * (dist.all_max(len(group)) - len(group)):
-            ids, att, mask, adv = _collate(micro[k] if k is not None else blank, pad_id, device)
-            logp = lp(ids, att, amp=amp)                                              # [b, L-1]
-            logp_old = old[k] if k in old else logp.detach()                          # [b, L-1]
-            pg, kl, ratio = token_loss(logp, logp_old, adv, clip_eps, log_ratio_clamp)  # [b, L-1] each
+        for k, (ids, att, mask, adv) in batches(group):
+            on_policy = k not in old
+            logp, ent = lp(ids, att, amp=amp, entropy=True) if on_policy else (lp(ids, att, amp=amp), None)
+            if on_policy:
+                old[k] = logp.detach()                                                # [b, L-1] π_old = π_θ
+            pg, kl, ratio = token_loss(logp, old[k], adv, clip_eps, log_ratio_clamp)  # [b, L-1] each
             per_seq = ((pg + kl_beta * kl) * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [b] token-mean
             if k is None:
                 per_seq = per_seq * 0.0
@@ -136,16 +172,43 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
             if k is None:
                 continue
             with torch.no_grad():
-                denom = mask.sum().clamp(min=1)
                 stats["loss"].append(per_seq.mean().item())
-                stats["clipfrac"].append((((ratio - 1).abs() > clip_eps).float() * mask).sum().item() / denom.item())
-                stats["kl"].append(((kl * mask).sum() / denom).item())
+                record("clipfrac", ((ratio - 1).abs() > clip_eps).float(), mask)
+                record("kl", kl, mask)
+                if on_policy:
+                    record("entropy", ent, mask)
         norm = torch.nn.utils.clip_grad_norm_(lp.parameters(), max_grad_norm)
         stats["grad_norm"].append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
+        warm_up(optimizer, warmup_steps)
         optimizer.step()
+    with torch.no_grad():  # the whole update's size: π after the last step against π_old, every trained token
+        for k, (ids, att, mask, adv) in batches([k for group in per_step for k in group]):
+            logp = lp(ids, att, amp=amp)                                              # [b, L-1]
+            if k is not None:
+                _, kl, ratio = token_loss(logp, old[k], adv, clip_eps, log_ratio_clamp)
+                record("update_clipfrac", ((ratio - 1).abs() > clip_eps).float(), mask)
+                record("update_kl", kl, mask)
     lp.eval()
     return {k: sum(v) / len(v) for k, v in stats.items() if v} | {"samples": len(samples),
                                                                    "steps": len(stats["grad_norm"])}
+
+
+def warm_up(optimizer, warmup_steps: int) -> None:
+    """Linear warm-up before each step: the optimizer's n-th step (n = 1, 2, ...) takes lr · min(1, n / N).
+    AdamW's first step moves every weight by about lr whatever its gradient's size (m̂/√v̂ = ±1 at n = 1),
+    so a warm-up is what bounds it. N = 0: the constant LR of the released code.
+
+        >>> opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+        >>> warm_up(opt, 4); opt.param_groups[0]["lr"]    # before its first step: 0.1 · 1/4
+        0.025
+    """
+    if not warmup_steps:
+        return
+    for group in optimizer.param_groups:
+        base = group.setdefault("base_lr", group["lr"])
+        taken = max((int(optimizer.state[p]["step"]) for p in group["params"] if "step" in optimizer.state.get(p, {})),
+                    default=0)
+        group["lr"] = base * min(1.0, (taken + 1) / warmup_steps)
 
 
 def make_optimizer(model, lr: float):

@@ -44,6 +44,7 @@ class Step:
     reward: float = 0.0                                       # R_{τ_i}, Eq. 1
     advantage: float = 0.0                                    # Eq. 2
     label: int | None = None                                  # ground-truth step quality, where known
+    parsed: bool = True                                       # P's answer was a valid action / a program
 
 
 @dataclass

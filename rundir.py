@@ -187,25 +187,36 @@ class Run:
             f.write(json.dumps(row) + "\n")
 
 
+# The dynamics panels of curve.png: what a collapse or an update outside PPO's trust region looks like.
+DYNAMICS = {"policy": ["train/policy_unparseable", "losses/policy_entropy", "losses/policy_update_clipfrac",
+                       "losses/policy_update_kl"],
+            "rm": ["train/rm_unparseable", "losses/rm_entropy", "losses/rm_update_clipfrac", "losses/rm_update_kl",
+                   "train/verdict_mean"]}
+
+
 def plot_curve(rows: list[dict], path: Path) -> None:
-    """Learning curve: training accuracy and the paper's Table 1 metrics per iteration."""
+    """Learning curve: training accuracy and the paper's Table 1 metrics per iteration (top), and P's and
+    R's dynamics (bottom): unparseable answers, entropy, and the update's clip fraction and KL."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = ["train/acc"] + sorted({k for r in rows for k in r if k.startswith("eval/") and tasks.headline(k)})
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, group in zip(axes, (keys[:1], keys[1:])):
+    evals = sorted({k for r in rows for k in r if k.startswith("eval/") and tasks.headline(k)})
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    panels = [("training accuracy (active tasks)", ["train/acc"]), ("eval: the paper's Table 1 columns", evals),
+              ("P: dynamics", DYNAMICS["policy"]), ("R: dynamics", DYNAMICS["rm"])]
+    for ax, (title, group) in zip(axes.flat, panels):
         for k in group:
             pts = [(r["iteration"], r[k]) for r in rows if k in r and not math.isnan(r[k])]
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=k)
+        ax.set_title(title)
         ax.set_xlabel("iteration")
         if ax.lines:
             ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-    axes[0].set_title("training accuracy (active tasks)")
-    axes[1].set_title("eval: the paper's Table 1 columns")
+    for ax in axes[1]:   # KL spans 1e-4 to 10: linear below 0.01, logarithmic above
+        ax.set_yscale("symlog", linthresh=0.01)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -153,27 +153,56 @@ def dynamics(args, runs: dict) -> str:
     """Markdown: what each row did while training, mean over seeds (per-seed values in brackets):
     training accuracy over the first and the last third of the iterations, P's and R's training
     samples per iteration, R's mean verdict, and E's rewrites (accepted / decided) summed over the run."""
-    def per_seed(row, fn):
-        vals = [fn([r for r in runs[row, s] if r["iteration"] > 0]) for s in range(args.seeds) if (row, s) in runs]
-        vals = [v for v in vals if not math.isnan(v)]
-        return f"{statistics.fmean(vals):.2f} [" + ", ".join(f"{v:.2f}" for v in vals) + "]" if vals else "-"
-
-    def third(rows, key, last):
-        k = max(1, len(rows) // 3)
-        xs = [r[key] for r in (rows[-k:] if last else rows[:k]) if key in r and not math.isnan(r[key])]
-        return statistics.fmean(xs) if xs else float("nan")
-
     def total(key):
         return lambda rows: float(sum(r.get(key, 0) for r in rows)) if any(key in r for r in rows) else float("nan")
 
     def mean(key):
         return lambda rows: statistics.fmean(r[key] for r in rows) if rows else float("nan")
 
-    cols = {"train acc, first third": lambda rows: third(rows, "train/acc", False),
-            "train acc, last third": lambda rows: third(rows, "train/acc", True),
-            "P samples/it": mean("train/policy_samples"), "R samples/it": mean("train/rm_samples"),
-            "R mean verdict, last third": lambda rows: third(rows, "train/verdict_mean", True),
-            "E accepted": total("env/accepted"), "E rejected": total("env/rejected")}
+    return per_row_table(args, runs, {
+        "train acc, first third": lambda rows: third(rows, "train/acc", False),
+        "train acc, last third": lambda rows: third(rows, "train/acc", True),
+        "P samples/it": mean("train/policy_samples"), "R samples/it": mean("train/rm_samples"),
+        "R mean verdict, last third": lambda rows: third(rows, "train/verdict_mean", True),
+        "E accepted": total("env/accepted"), "E rejected": total("env/rejected")})
+
+
+def trust_region(args, runs: dict) -> str:
+    """Markdown: the size of P's and R's updates and the signs of a collapse, mean over seeds (per-seed values
+    in brackets). Clip fraction and KL are medians over a run's updates, measured after each update against
+    the policy that sampled its data (ppo.ppo_update's update_*); "in-update" is the clip fraction averaged
+    over the update's mini-batches, the first of them on-policy (CleanRL's convention, and the only one the
+    studies before the update_* metrics logged). Unparseable: the share of answers with no valid action or
+    program (P) or no verdict (R), over the last third of the iterations; entropy: π_old's mean token entropy
+    on the trained responses, nats."""
+    cols = {"P clip, in-update": median("losses/policy_clipfrac")}
+    for who, name in (("P", "policy"), ("R", "rm")):
+        cols |= {f"{who} clip": median(f"losses/{name}_update_clipfrac"), f"{who} KL": median(f"losses/{name}_update_kl"),
+                 f"{who} entropy": median(f"losses/{name}_entropy"),
+                 f"{who} unparseable, last third": lambda rows, k=f"train/{name}_unparseable": third(rows, k, True)}
+    return per_row_table(args, runs, cols, spec=".3g")
+
+
+def third(rows: list[dict], key: str, last: bool) -> float:
+    """The mean of `key` over the first or the last third of a run's iterations."""
+    k = max(1, len(rows) // 3)
+    xs = [r[key] for r in (rows[-k:] if last else rows[:k]) if key in r and not math.isnan(r[key])]
+    return statistics.fmean(xs) if xs else float("nan")
+
+
+def median(key: str):
+    """The median of `key` over the iterations that logged it (the updates that ran)."""
+    return lambda rows: statistics.median(xs) if (xs := [r[key] for r in rows if key in r]) else float("nan")
+
+
+def per_row_table(args, runs: dict, cols: dict, spec: str = ".2f") -> str:
+    """Markdown: one line per row, each column a function of a run's training rows (iteration > 0),
+    shown as the mean over seeds with the per-seed values in brackets (format `spec`)."""
+    def per_seed(row, fn):
+        vals = [fn([r for r in runs[row, s] if r["iteration"] > 0]) for s in range(args.seeds) if (row, s) in runs]
+        vals = [v for v in vals if not math.isnan(v)]
+        return f"{statistics.fmean(vals):{spec}} [" + ", ".join(f"{v:{spec}}" for v in vals) + "]" if vals else "-"
+
     lines = ["| row | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
     for row in args.rows:
         lines.append(f"| {row} | " + " | ".join(per_seed(row, fn) for fn in cols.values()) + " |")
@@ -231,6 +260,8 @@ def main(argv=None) -> int:
     print(table(args, runs))
     print()
     print(dynamics(args, runs))
+    print()
+    print(trust_region(args, runs))
     figure(args, runs, args.dir / "table1.png")
     print(f"[table1] figure: {args.dir / 'table1.png'}")
     return 0

@@ -3,7 +3,8 @@
 An adapter (one per setting, over the records of records.py) provides:
 
     train_tasks() -> list[Task]                     the slots' original tasks
-    eval_sets() -> dict[str, list[Task]]            e.g. {"in_domain": ..., "ood": ...}
+    eval_sets() -> dict[str, list[Task]]            e.g. {"in_domain": ..., "ood": ...}; under --validation
+                                                    {"validation": ...} (`chosen_sets`)
     rollout(tasks, G, engine, cfg, temperature=None, max_turns=None) -> list[Group]
                                                     P plays G rollouts of each task (batched); the
                                                     keywords override cfg's (evaluation)
@@ -58,14 +59,23 @@ class AdapterBase:
         return self.sets["train"]
 
     def eval_sets(self) -> dict[str, list[Task]]:
-        """Every non-empty set but "train", cut to a fixed random subset of --eval-tasks tasks (0: all)."""
-        n = self.cfg.eval_tasks
-        return {name: (random.Random(self.cfg.seed).sample(ts, n) if 0 < n < len(ts) else ts)
-                for name, ts in self.sets.items() if name != "train" and ts}
+        """The eval sets: every non-empty set but "train" and "validation" (`chosen_sets`)."""
+        return chosen_sets(self.sets, self.cfg)
 
     def pop_timings(self) -> dict:
         timings, self.timings = self.timings, {}
         return timings
+
+
+def chosen_sets(sets: dict[str, list[Task]], cfg) -> dict[str, list[Task]]:
+    """What an eval plays: the eval sets (every non-empty set but "train" and "validation"), or under
+    --validation the validation split alone, which is for choosing hyperparameters and is disjoint from
+    the training tasks and every eval set. Each is cut to a fixed random subset of --eval-tasks tasks (0: all)."""
+    if cfg.validation and not sets.get("validation"):
+        raise TaskError(f"--validation: the {cfg.task} setting has no validation split")
+    n = cfg.eval_tasks
+    return {name: (random.Random(cfg.seed).sample(ts, n) if 0 < n < len(ts) else ts) for name, ts in sets.items()
+            if ts and name != "train" and (name == "validation") == bool(cfg.validation)}
 
 
 def eval_groups(adapter, sets: dict[str, list[Task]], policy, rm, cfg) -> dict[str, list[Group]]:

@@ -235,7 +235,7 @@ class Adapter(AgentAdapter):
                                     response=completion.text.strip()[:300],
                                     action=action or "none (no valid action number)", next_obs=obs[:600])
         ep.steps.append(Step(prompt, completion.prompt_ids, completion.text, completion.ids, observation=obs,
-                             judge_prompt=judge, label=label))
+                             judge_prompt=judge, label=label, parsed=action is not None))
         ep.history.append((action, obs))
         ep.actions.append(action or "(invalid)")
         ep.obs = obs

@@ -35,7 +35,7 @@ from pathlib import Path
 from engines import prefilled, render_chat
 from records import Group, Rollout, Step, Task, stage
 from reward_model import parse_test
-from tasks import AdapterBase, TaskError, accuracy, eval_groups
+from tasks import AdapterBase, TaskError, accuracy, chosen_sets, eval_groups
 from tasks.sandbox import RunResult, outputs_match, run_many
 
 # The setting's defaults on a 2-core CPU; each is a flag. The zero handling is the released code's coding
@@ -274,6 +274,15 @@ def extract_code(text: str) -> str:
     return blocks[-1] if blocks else text
 
 
+def compiles(program: str) -> bool:
+    """The program is Python that compiles (a policy answer that is one is "parsed"). compile() runs nothing."""
+    try:
+        compile(program, "<policy>", "exec")
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+        return False
+    return True
+
+
 def _gt_jobs(task: Task, program: str) -> list[tuple[str, str]]:
     if task.data["format"] == "humaneval":
         return [(f"{FUNCTIONAL_PRELUDE}{program}\n\n{task.data['test']}\n\ncheck({task.data['call']})\n", "")]
@@ -398,13 +407,16 @@ class Adapter(AdapterBase):
         return [t for t in self.tasks if t.data["split"] == "train" and t.data["root"]]
 
     def eval_sets(self) -> dict[str, list[Task]]:
+        """In-domain and OOD ladders, HumanEval and LiveBench's questions when given; under --validation
+        the validation ladders alone (`chosen_sets`)."""
         sets = {"in_domain": [t for t in self.tasks if t.data["split"] == "eval_id"],
-                "ood": [t for t in self.tasks if t.data["split"] == "eval_ood"]}
-        if self.cfg.humaneval_limit:
+                "ood": [t for t in self.tasks if t.data["split"] == "eval_ood"],
+                "validation": [t for t in self.tasks if t.data["split"] == "validation"]}
+        if self.cfg.humaneval_limit and not self.cfg.validation:
             sets["humaneval"] = load_humaneval(self.cfg.humaneval_limit, self.cfg.seed)
         if self.livebench:
             sets["livebench"] = self.livebench
-        return sets
+        return chosen_sets(sets, self.cfg)
 
     # — P plays —
     def policy_prompt(self, task: Task, tokenizer) -> str:
@@ -435,7 +447,7 @@ class Adapter(AdapterBase):
             for c, p in zip(cs, ps):
                 res = next(gt)
                 seen = f"passed {sum(res)}/{len(res)} GT tests" + (" (stopped at the first failure)" if first_failure else "")
-                step = Step(prompt, c.prompt_ids, c.text, c.ids, observation=seen)
+                step = Step(prompt, c.prompt_ids, c.text, c.ids, observation=seen, parsed=compiles(p))
                 rollouts.append(Rollout(task.id, [step], 1 if all(res) else -1, sum(res) / len(res),
                                         info={"program": p, "gt": res, "finish": c.finish_reason}))
             groups.append(Group(task, rollouts))

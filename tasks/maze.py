@@ -19,7 +19,8 @@ multi-turn episodes, R judging every step, E moving tasks along a difficulty lad
   draws a new maze in \\boxed{} (rows separated by '/'); it is kept only if the solver (BFS) finds
   a path and it is no eval maze.
 - Splits: train = LEVELS × TRAIN_SEEDS; in-domain eval = the same levels, other seeds; OOD eval =
-  mazes of a layout never trained on (a long corridor with side pockets).
+  mazes of a layout never trained on (a long corridor with side pockets); validation (`--validation`,
+  for choosing hyperparameters) = VALIDATION_LEVELS × VALIDATION_SEEDS, disjoint from all three.
 """
 from __future__ import annotations
 
@@ -42,7 +43,10 @@ DEFAULTS = {  # the teaching setting's CPU defaults (each one a flag); run times
 MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 # (rows, cols, walls, shortest-path length range): easy → hard
 LEVELS = [(3, 3, 0, (1, 1)), (3, 3, 0, (2, 2)), (4, 4, 0, (3, 4)), (5, 5, 3, (4, 6))]
-TRAIN_SEEDS, EVAL_SEEDS = range(0, 12), range(1000, 1012)
+TRAIN_SEEDS, EVAL_SEEDS, VALIDATION_SEEDS = range(0, 12), range(1000, 1012), range(2000, 2012)
+# The validation split's levels: the 3×3 levels have too few distinct mazes for a third split (level 0 has 24,
+# all in train or in_domain), so its 3×3 mazes have one wall, which no train or eval maze of those levels has.
+VALIDATION_LEVELS = [(3, 3, 1, (1, 1)), (3, 3, 1, (2, 2)), LEVELS[2], LEVELS[3]]
 MAX_SIDE = 9                 # E's mazes: at most 9 × 9
 
 # P's and R's prompts start with what is fixed for the maze (the map, the goal) and end with what
@@ -143,14 +147,17 @@ def maze_task(grid: list[str], tid: str, level: int | None, split: str, origin: 
 def maze_sets() -> dict[str, list[Task]]:
     """train: every level × len(TRAIN_SEEDS) mazes; in_domain: every level × len(EVAL_SEEDS) other mazes
     (no grid of the train set: the small levels have few distinct grids, so seeds are skipped until
-    a new one comes up); ood: corridor mazes, a layout never trained on."""
+    a new one comes up); ood: corridor mazes, a layout never trained on; validation (for choosing
+    hyperparameters, never for reporting): VALIDATION_LEVELS × len(VALIDATION_SEEDS) mazes, none of them
+    in another split."""
     seen, sets = set(), {}
-    for split, seeds in (("train", TRAIN_SEEDS), ("in_domain", EVAL_SEEDS)):
+    for split, seeds, levels in (("train", TRAIN_SEEDS, LEVELS), ("in_domain", EVAL_SEEDS, LEVELS),
+                                 ("validation", VALIDATION_SEEDS, VALIDATION_LEVELS)):
         sets[split] = []
-        for k in range(len(LEVELS)):
+        for k in range(len(levels)):
             s = seeds[0]
             for _ in seeds:
-                while (grid := tuple(random_maze(*LEVELS[k], random.Random(f"{k}/{s}")))) in seen:
+                while (grid := tuple(random_maze(*levels[k], random.Random(f"{k}/{s}")))) in seen:
                     s += 1
                 seen.add(grid)
                 sets[split].append(maze_task(list(grid), f"{split}/L{k}/s{s}", k, split))
@@ -217,7 +224,7 @@ class Adapter(AgentAdapter):
                                     response=completion.text.strip()[:200], action=action, r2=ep.pos[0], c2=ep.pos[1])
         ep.steps.append(Step(prompt, completion.prompt_ids, completion.text, completion.ids,
                              observation=f"at row {ep.pos[0]}, column {ep.pos[1]}", judge_prompt=judge,
-                             label=step_label(ep.dist, before, after)))
+                             label=step_label(ep.dist, before, after), parsed=choice is not None))
         ep.actions.append(action if choice is not None else "none")
 
     def why_failed(self, ro) -> str:
@@ -243,8 +250,9 @@ class Adapter(AgentAdapter):
                                      acc="unknown" if acc is None else f"{acc:.2f}", feedback=feedback or "(none)")
 
     def parse_rewrite(self, root: Task, text: str) -> Task | None:
-        """A valid, solvable maze (`parse_maze`) that is none of the eval mazes (never train on those)."""
+        """A valid, solvable maze (`parse_maze`) that is none of the eval or validation mazes (never train on those)."""
         grid = parse_maze(text)
-        if grid is None or any(grid == t.data["grid"] for name in ("in_domain", "ood") for t in self.sets[name]):
+        if grid is None or any(grid == t.data["grid"] for name in ("in_domain", "ood", "validation")
+                               for t in self.sets[name]):
             return None
         return maze_task(grid, f"{root.id}~gen", root.level, "train", origin="generated")

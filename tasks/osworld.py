@@ -209,7 +209,8 @@ class Adapter(AgentAdapter):
         """Apply P's answer: one backend step (or a wasted one), one Step."""
         action, before = parse_action(completion.text), ep.screen
         after, taken = before, "none (malformed action)"
-        if action is None or not self.backend.valid(action, before):
+        parsed = action is not None and self.backend.valid(action, before)
+        if not parsed:
             ep.invalid += 1
         else:
             taken = str(action)
@@ -224,7 +225,7 @@ class Adapter(AgentAdapter):
                                     before=_screen_text(before), response=completion.text.strip()[:300], action=taken,
                                     after=_screen_text(after))
         ep.steps.append(Step(prompt, completion.prompt_ids, completion.text, completion.ids,
-                             observation=_screen_text(after)[:300], judge_prompt=judge))
+                             observation=_screen_text(after)[:300], judge_prompt=judge, parsed=parsed))
         ep.actions.append(taken)
         ep.screen = after
 

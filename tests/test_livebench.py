@@ -15,8 +15,8 @@ import environment as env
 from records import Completion
 from records import Group, Rollout, Step
 from tasks import TaskError
-from tasks.livebench import (Adapter, extract_code, given_lines, load_builtin, load_humaneval, load_livebench, run_gt,
-                             run_tests)
+from tasks.livebench import (Adapter, compiles, extract_code, given_lines, load_builtin, load_humaneval, load_livebench,
+                             run_gt, run_tests)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -24,7 +24,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 def cfg(**kw):
     base = dict(data="", humaneval_limit=0, seed=0, sandbox_timeout=5.0, m=2, rm_temperature=0.8, rm_top_p=1.0,
                 rm_max_new_tokens=16, temperature=1.0, top_p=1.0, max_new_tokens=16, coding_task="generation",
-                coding_reward="integrated", env_mode="variants")
+                coding_reward="integrated", env_mode="variants", validation=False, eval_tasks=0, task="livebench")
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -39,7 +39,11 @@ def test_builtin_set_shape():
         assert sum(r["root"] for r in rows if r["ladder"] == name) == 1
         assert len({r["split"] for r in rows if r["ladder"] == name}) == 1
     assert all(len(r["tests"]) >= 5 and r["solution"] for r in rows)
-    assert {r["split"] for r in rows} == {"train", "eval_id", "eval_ood"}
+    assert {r["split"] for r in rows} == {"train", "eval_id", "eval_ood", "validation"}
+    validation = [r for r in rows if r["split"] == "validation"]
+    assert len({r["ladder"] for r in validation}) >= 4
+    others = {r["prompt"] for r in rows if r["split"] != "validation"}
+    assert not any(r["prompt"] in others for r in validation)
 
 
 @pytest.mark.slow
@@ -48,6 +52,12 @@ def test_every_reference_solution_passes_every_gt_test():
     results = run_gt([(t, t.data["solution"]) for t in a.tasks], timeout=10.0)
     failed = [(t.id, r) for t, r in zip(a.tasks, results) if not all(r)]
     assert failed == []
+
+
+def test_a_program_that_does_not_compile_is_unparseable():
+    assert compiles("n = int(input())\nprint(n + 1)\n") and compiles("")
+    for bad in ("print(", "Here is the code: print(1)", "x = 1\x00", "(" * 300 + ")" * 300):
+        assert not compiles(bad)
 
 
 def test_wrong_programs_fail():

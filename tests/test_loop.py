@@ -108,6 +108,13 @@ def test_loop_trains_policy_and_rm_on_mixed_groups(tmp_path, monkeypatch):
     assert all(r["train/policy_samples"] == 2 * r["train/tasks"] for r in train_rows)
     assert all(r["train/rm_samples"] > 0 for r in train_rows)
     assert all(r["losses/policy_kl"] >= 0 for r in train_rows)
+    # the dynamics a collapse shows in, for P and for R (tests/test_math.py checks their values by hand)
+    for who in ("policy", "rm"):
+        for key in (f"losses/{who}_entropy", f"losses/{who}_update_kl", f"losses/{who}_update_clipfrac",
+                    f"losses/{who}_grad_norm", f"train/{who}_unparseable", f"train/{who}_response_len"):
+            assert all(key in r and r[key] == r[key] for r in train_rows), key
+    assert all(r["losses/policy_entropy"] > 0 and r["losses/policy_update_kl"] > 0 for r in train_rows)
+    assert all(0 <= r["train/policy_unparseable"] <= 1 and r["train/policy_response_len"] > 0 for r in train_rows)
     # acc 0.5 is inside [α_low, α_high]: no proposals; every slot stays at its original
     slots = json.loads((tmp_path / "mixed" / "ckpt" / "env_state.json").read_text())
     assert all(s["active"]["id"] == sid for sid, s in slots.items())

@@ -53,6 +53,37 @@ def test_splits_and_ladder_shapes(adapter):
         lo, hi = mz.LEVELS[t.level][3]
         assert lo <= t.data["dist"] <= hi
     assert all(t.level is None and t.data["grid"][1].count(".") >= 2 for t in sets["ood"])
+    grids = {name: {tuple(t.data["grid"]) for t in ts} for name, ts in sets.items()}
+    assert len(grids["validation"]) == len(sets["validation"]) == len(mz.VALIDATION_LEVELS) * len(mz.VALIDATION_SEEDS)
+    assert not grids["validation"] & (grids["train"] | grids["in_domain"] | grids["ood"])
+    for t in sets["validation"]:
+        lo, hi = mz.VALIDATION_LEVELS[t.level][3]
+        assert lo <= t.data["dist"] <= hi
+
+
+def test_validation_flag_swaps_the_eval_sets_for_the_validation_split():
+    plain = mz.Adapter(loop.parse_args(["--task", "maze"])).eval_sets()
+    chosen = mz.Adapter(loop.parse_args(["--task", "maze", "--validation"])).eval_sets()
+    assert set(plain) == {"in_domain", "ood"} and set(chosen) == {"validation"}
+    assert all(t.data["split"] == "validation" for t in chosen["validation"])
+
+
+def test_an_unparseable_answer_counts_as_one():
+    """One rollout per answer: "1}" is a valid move, "up}" and "9}" are not (no such number); each step is
+    one answer, so 2 of the 3 steps are unparseable: the logged share is 2/3."""
+    adapter = mz.Adapter(loop.parse_args(["--task", "maze"]))
+    task = next(t for t in adapter.sets["train"] if t.level == 3)
+    answers = iter(["1}", "up}", "9}"])
+    cfg = SimpleNamespace(**{**vars(CFG), "max_turns": 1})
+    groups = adapter.rollout([task], 3, ScriptedEngine(lambda p: next(answers)), cfg)
+    assert [st.parsed for ro in groups[0].rollouts for st in ro.steps] == [True, False, False]
+    row = loop.iteration_row(groups, [True], [], [], {}, {})
+    assert row["train/policy_unparseable"] == pytest.approx(2 / 3)
+    assert row["train/policy_response_len"] == 1          # the test double's one response token
+    steps = [st for ro in groups[0].rollouts for st in ro.steps]
+    for st, verdicts in zip(steps, ([1, 0], [0, 0], [-1, 1])):   # R's judgments: 0 is no verdict
+        st.verdicts = verdicts
+    assert loop.iteration_row(groups, [True], [], [], {}, {})["train/rm_unparseable"] == pytest.approx(3 / 6)
 
 
 def test_scripted_optimal_policy_wins_at_every_level_in_the_fewest_steps(adapter):
@@ -97,8 +128,9 @@ def test_generated_rewrites_are_solver_checked(adapter):
                 "\\boxed{" + "/".join(["S" + "." * 9] + ["." * 10] * 8 + ["." * 9 + "G"]) + "}",  # 10 × 10
                 "no box"):
         assert adapter.parse_rewrite(root, bad) is None
-    eval_grid = adapter.sets["in_domain"][0].data["grid"]
-    assert adapter.parse_rewrite(root, "\\boxed{" + "/".join(eval_grid) + "}") is None   # never train on eval
+    for held_out in ("in_domain", "validation"):   # never train on an eval or a validation maze
+        grid = adapter.sets[held_out][0].data["grid"]
+        assert adapter.parse_rewrite(root, "\\boxed{" + "/".join(grid) + "}") is None
     prompt = adapter.rewrite_prompt(root, root, "harder", "rollout 0: not at the goal", 0.875)
     assert "/".join(root.data["grid"]) in prompt and "success rate on it: 0.88" in prompt
 

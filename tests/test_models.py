@@ -94,13 +94,17 @@ def test_ppo_update_moves_logprob_in_the_advantage_direction(tiny):
     good, bad = tok("good", add_special_tokens=False)["input_ids"], tok("bad!", add_special_tokens=False)["input_ids"]
     samples = [records.Sample(prompt, good, 1.0), records.Sample(prompt, bad, -1.0)]
 
-    def seq_logprob(resp):
+    def token_lps(resp):
         ids = torch.tensor([prompt + resp])
         with torch.no_grad():
             lp = ppo.token_logprobs(model, ids, torch.ones_like(ids), amp=False)
-        return lp[0, len(prompt) - 1:].sum().item()
+        return lp[0, len(prompt) - 1:]   # [len(resp)]
+
+    def seq_logprob(resp):
+        return token_lps(resp).sum().item()
 
     before = seq_logprob(good), seq_logprob(bad)
+    old = torch.cat([token_lps(good), token_lps(bad)])
     opt = ppo.make_optimizer(model, 1e-2)
     stats = ppo.ppo_update(model, opt, samples, tok.pad_token_id, steps=1, micro_batch=2, amp=False)
     assert stats["kl"] == pytest.approx(0.0, abs=1e-6)      # first step: π_θ = π_old, ratio 1, k3 KL 0
@@ -108,7 +112,52 @@ def test_ppo_update_moves_logprob_in_the_advantage_direction(tiny):
     assert stats["loss"] == pytest.approx(0.0, abs=1e-6)    # −(1·1 + 1·(−1))/2
     after = seq_logprob(good), seq_logprob(bad)
     assert after[0] > before[0] and after[1] < before[1]
+    # the whole update's size, measured after its step: the token mean of the k3 KL of the new log-probs
+    # against the old ones, and the share of tokens with |r − 1| > ε (one micro-batch holds both samples)
+    d = torch.cat([token_lps(good), token_lps(bad)]) - old                        # log r per response token
+    assert stats["update_kl"] == pytest.approx((torch.exp(-d) + d - 1).mean().item(), rel=1e-4)
+    assert stats["update_clipfrac"] == pytest.approx(((d.exp() - 1).abs() > 0.2).float().mean().item())
+    assert stats["update_kl"] > 0 and stats["entropy"] > 0
     assert ppo.ppo_update(model, opt, [], tok.pad_token_id, steps=1) == {}
+
+
+def test_entropy_of_the_trained_tokens_is_that_of_the_full_distribution(tiny):
+    """LogProbs(entropy=True) gives −Σ π log π at every position, the same as from the full [B, L, V] logits."""
+    model, tok = tiny
+    input_ids, attention = _prompt_batch(tok, ["hi", "a longer prompt here"])
+    with torch.no_grad():
+        logp, ent = ppo.LogProbs(model, chunk=5)(input_ids, attention, amp=False, entropy=True)   # [B, L-1] each
+        full = torch.log_softmax(model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float(), -1)
+    assert torch.allclose(ent, -(full.exp() * full).sum(-1), atol=1e-4)
+    assert torch.allclose(logp, full.gather(-1, input_ids[:, 1:, None]).squeeze(-1), atol=1e-5)
+
+
+def test_token_entropy_hand_values():
+    """(0.5, 0.25, 0.25): 0.5·ln 2 + 2·0.25·ln 4 = 1.5·ln 2 = 1.0397 nats; uniform over 8: ln 8; one-hot: 0."""
+    dists = torch.tensor([[0.5, 0.25, 0.25, 0, 0, 0, 0, 0], [1 / 8] * 8, [1.0] + [0.0] * 7])
+    assert ppo.token_entropy(torch.log(dists)).tolist() == pytest.approx([1.5 * 0.693147, 2.079442, 0.0], abs=1e-5)
+
+
+def test_warm_up_scales_each_step_by_hand():
+    """N = 4: the optimizer's steps 1, 2, 3, 4, 5 take lr · 1/4, 2/4, 3/4, 1, 1; N = 0 leaves lr alone."""
+    w = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.AdamW([w], lr=0.1)
+    lrs = []
+    for _ in range(5):
+        ppo.warm_up(opt, 4)
+        lrs.append(opt.param_groups[0]["lr"])
+        w.grad = torch.ones(1)
+        opt.step()
+    assert lrs == pytest.approx([0.025, 0.05, 0.075, 0.1, 0.1])
+    # AdamW's first step is lr · g / (|g| + eps) ≈ lr · sign(g) whatever |g| (m̂/√v̂ = ±1): a gradient of 1e-6
+    # moves its weight by 0.1 · 1e-6 / (1e-6 + 1e-8) = 0.099, one of 3 by 0.1; the warm-up is what shrinks it
+    v = torch.nn.Parameter(torch.zeros(2))
+    fresh = torch.optim.AdamW([v], lr=0.1, weight_decay=0.0)
+    v.grad = torch.tensor([1e-6, -3.0])
+    fresh.step()
+    assert v.detach().tolist() == pytest.approx([-0.1 * 1e-6 / (1e-6 + 1e-8), 0.1], rel=1e-5)
+    ppo.warm_up(opt := torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=0.1), 0)
+    assert opt.param_groups[0]["lr"] == 0.1
 
 
 def test_save_load_roundtrip(tmp_path, tiny):
