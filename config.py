@@ -89,6 +89,8 @@ class Config:
     log_ratio_clamp: float = opt(10.0, "clamp log(π_θ/π_old) to ±this before exp in the loss (Eq. 5; 0: off)")
     fresh_optimizer: bool = opt(True, "a new AdamW every iteration (released code); --no-fresh-optimizer keeps its "
                                 "state across iterations and checkpoints it")
+    target_kl: float = opt(0.0, "trust region, not in the released code: scale each update back until its KL to "
+                           "the sampling policy (token mean, k3) is at most this (ppo.line_search; 0: off)")
     warmup_steps: int = opt(0, "linear LR warm-up over each AdamW's first N optimizer steps: with a fresh optimizer "
                             "every iteration's, else the run's first N (0: constant LR, the released code)")
     micro_batch: int = opt(4, "sequences per forward/backward (gradient accumulation)")
@@ -204,6 +206,7 @@ RANGES = [
     ("policy_steps", lambda v: v >= 1, "at least 1"),
     ("rm_steps", lambda v: v >= 1, "at least 1"),
     ("warmup_steps", lambda v: v >= 0, ">= 0 (0: no warm-up)"),
+    ("target_kl", lambda v: v >= 0, ">= 0 (0: off)"),
     ("lr", lambda v: 0 < v < 1, "in (0, 1)"),
     ("rm_lr", lambda v: 0 < v < 1, "in (0, 1)"),
     ("lam", lambda v: v >= 0, ">= 0"),

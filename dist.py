@@ -131,6 +131,17 @@ def shard(module, layers, bf16: bool = False):
     return module
 
 
+def reshard(module) -> None:
+    """Drop the gathered copies FSDP2 may keep of the parameters (the root keeps its own after a forward),
+    so that the next forward gathers the shards again: needed after the shards were changed in place
+    outside an optimizer step (ppo.line_search). Without FSDP2 nothing happens."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
 def full_tensors(module):
     """(name, full tensor) for each entry of the module's state dict, one at a time: a sharded tensor is
     gathered (`full_tensor()`, a collective: every rank must iterate), so one tensor is in flight."""

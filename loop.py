@@ -166,7 +166,8 @@ def optimize(cfg: Config, model_tok_opt, engine, samples, it: int, name: str) ->
         samples = random.Random(iteration_seed(cfg, it)).sample(samples, cfg.max_train_samples)
     stats = ppo_update(trainer, optimizer, samples, tok.pad_token_id, steps=cfg.policy_steps if name == "policy"
                        else cfg.rm_steps, clip_eps=cfg.clip_eps, kl_beta=cfg.kl_beta, micro_batch=cfg.micro_batch,
-                       amp=cfg.amp, seed=it, log_ratio_clamp=cfg.log_ratio_clamp, warmup_steps=cfg.warmup_steps)
+                       amp=cfg.amp, seed=it, log_ratio_clamp=cfg.log_ratio_clamp, warmup_steps=cfg.warmup_steps,
+                       target_kl=cfg.target_kl)
     engine.sync()
     release_memory()
     return {f"losses/{name}_{k}": v for k, v in stats.items()}

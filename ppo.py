@@ -8,6 +8,7 @@ same steps. Without torchrun those lines change nothing.
 """
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 
@@ -44,30 +45,33 @@ class LogProbs(torch.nn.Module):
         super().__init__()
         self.model, self.chunk = model, chunk
 
-    def forward(self, input_ids, attention, amp: bool = True, entropy: bool = False):
-        """[B, L-1] log-probs; with entropy=True also the [B, L-1] entropy of π at every position (no
-        gradient), from the same chunked logits."""
+    def forward(self, input_ids, attention, amp: bool = True, entropy_at=None):
+        """[B, L-1] log-probs. With entropy_at, a [B, L-1] bool mask (the response tokens), also the
+        [B, L-1] entropy of π at those positions (0 elsewhere; no gradient), from the same chunked logits."""
         with amp_context(amp):
             hidden = self.model.get_decoder()(input_ids=input_ids, attention_mask=attention).last_hidden_state
         hidden, targets = hidden[:, :-1], input_ids[:, 1:]  # [B, L-1, H], [B, L-1]
         head = self.model.get_output_embeddings()
 
-        def chunk_logprobs(h, t):
+        def chunk_logprobs(h, t, at=None):
             with amp_context(amp):
                 logits = head(h)  # [B, c, V]
             logp = torch.log_softmax(logits.float(), dim=-1)  # [B, c, V]
             picked = logp.gather(-1, t.unsqueeze(-1)).squeeze(-1)  # [B, c]
-            if not entropy:
+            if at is None:
                 return picked
             with torch.no_grad():
-                return picked, token_entropy(logp)  # [B, c], [B, c]
+                ent = torch.zeros_like(picked)  # [B, c]
+                ent[at] = token_entropy(logp[at])  # [n] at the n masked positions only
+            return picked, ent
 
         parts = []
         for s in range(0, targets.shape[1], self.chunk):
-            h, t = hidden[:, s:s + self.chunk], targets[:, s:s + self.chunk]
-            parts.append(checkpoint(chunk_logprobs, h, t, use_reentrant=False) if torch.is_grad_enabled()
-                         else chunk_logprobs(h, t))
-        if entropy:
+            args = (hidden[:, s:s + self.chunk], targets[:, s:s + self.chunk])
+            args += (entropy_at[:, s:s + self.chunk],) if entropy_at is not None else ()
+            parts.append(checkpoint(chunk_logprobs, *args, use_reentrant=False) if torch.is_grad_enabled()
+                         else chunk_logprobs(*args))
+        if entropy_at is not None:
             return torch.cat([p for p, _ in parts], dim=1), torch.cat([e for _, e in parts], dim=1)  # [B, L-1] ×2
         return torch.cat(parts, dim=1)  # [B, L-1]
 
@@ -109,7 +113,7 @@ def token_loss(logp, logp_old, adv, clip_eps: float = 0.2, log_ratio_clamp: floa
 
 def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: int, clip_eps: float = 0.2,
                kl_beta: float = 0.01, micro_batch: int = 4, amp: bool = True, max_grad_norm: float = 1.0,
-               seed: int = 0, log_ratio_clamp: float = 10.0, warmup_steps: int = 0) -> dict:
+               seed: int = 0, log_ratio_clamp: float = 10.0, warmup_steps: int = 0, target_kl: float = 0.0) -> dict:
     """Eq. 5: `steps` PPO-clip optimizer steps over this iteration's samples.
 
     Per token t of sample i, with r = π_θ/π_old and the k3 KL estimator to π_old, the policy that
@@ -119,10 +123,16 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
     The loss is the token-mean per sequence, then the mean over the mini-batch.
     "Old" log-probs are recomputed here by the trained model, never taken from the sampler.
 
-    Diagnostics returned (each a mean over micro-batches of the token mean): clipfrac and kl during the
-    update (CleanRL's convention: the first mini-batch is on-policy, r = 1); entropy, π_old's entropy on
-    the trained response tokens; update_clipfrac and update_kl, π after the last step against π_old on
-    every trained token (one more forward pass): how far the whole update moved π, whatever `steps` is.
+    The trust region (target_kl > 0; not in the released code, which keeps every step): when the whole
+    update's KL to π_old exceeds target_kl, the update is scaled back, θ ← θ_old + α·(θ − θ_old), with α
+    shrunk until the KL is at most target_kl (`line_search`). CleanRL's --target-kl only stops before a
+    further step; here the first step is the one that overshoots (AdamW's first step is a sign step).
+
+    Diagnostics returned: clipfrac and kl during the update, means over micro-batches of the token mean
+    (CleanRL's convention: the first mini-batch is on-policy, r = 1); entropy, π_old's entropy on the
+    trained response tokens; update_clipfrac and update_kl, π as the update leaves it against π_old, token
+    means over every trained token of every rank (one more forward pass): how far the whole update moved
+    π, whatever `steps` is; step_scale, the α kept (1 without a line search).
     """
     if not dist.all_sum(len(samples)):
         return {}
@@ -133,8 +143,7 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
     order = list(range(len(micro)))
     random.Random(seed).shuffle(order)
     per_step = [order[s::steps] for s in range(steps)]   # `steps` mini-batches of micro-batches
-    stats = {"loss": [], "clipfrac": [], "kl": [], "entropy": [], "grad_norm": [], "update_clipfrac": [],
-             "update_kl": []}
+    stats = {"loss": [], "clipfrac": [], "kl": [], "entropy": [], "grad_norm": []}
 
     def batches(keys):
         """(key, collated micro-batch) for `keys`, padded with zero-weight blanks (key None) so that every
@@ -147,10 +156,12 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
         stats[name].append(((values * mask).sum() / mask.sum().clamp(min=1)).item())
 
     lp.train()
+    params = [p for p in lp.parameters() if p.requires_grad]
+    start = [p.detach().clone() for p in params] if target_kl else []   # θ_old, for the line search
     with torch.no_grad():  # π_old for the micro-batches that train after the first optimizer step; for the
         old = {}           # first mini-batch π_old = π_θ, so its own forward pass gives it (one pass saved)
         for k, (ids, att, mask, _) in batches([k for group in per_step[1:] for k in group]):
-            old[k], ent = lp(ids, att, amp=amp, entropy=True)  # [b, L-1] each
+            old[k], ent = lp(ids, att, amp=amp, entropy_at=mask.bool())  # [b, L-1] each
             if k is not None:
                 record("entropy", ent, mask)
     for group in per_step:
@@ -160,7 +171,7 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
         optimizer.zero_grad(set_to_none=True)
         for k, (ids, att, mask, adv) in batches(group):
             on_policy = k not in old
-            logp, ent = lp(ids, att, amp=amp, entropy=True) if on_policy else (lp(ids, att, amp=amp), None)
+            logp, ent = lp(ids, att, amp=amp, entropy_at=mask.bool()) if on_policy else (lp(ids, att, amp=amp), None)
             if on_policy:
                 old[k] = logp.detach()                                                # [b, L-1] π_old = π_θ
             pg, kl, ratio = token_loss(logp, old[k], adv, clip_eps, log_ratio_clamp)  # [b, L-1] each
@@ -181,16 +192,51 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
         stats["grad_norm"].append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
         warm_up(optimizer, warmup_steps)
         optimizer.step()
-    with torch.no_grad():  # the whole update's size: π after the last step against π_old, every trained token
+    @torch.no_grad()
+    def update_size() -> tuple[float, float]:
+        """(KL, clip fraction) of π now against π_old: token means over every trained token of every rank."""
+        sums = [0.0, 0.0, 0.0]   # Σ kl, Σ clipped, tokens
+        dist.reshard(lp)         # the line search moves the shards in place: gather them afresh
         for k, (ids, att, mask, adv) in batches([k for group in per_step for k in group]):
             logp = lp(ids, att, amp=amp)                                              # [b, L-1]
             if k is not None:
                 _, kl, ratio = token_loss(logp, old[k], adv, clip_eps, log_ratio_clamp)
-                record("update_clipfrac", ((ratio - 1).abs() > clip_eps).float(), mask)
-                record("update_kl", kl, mask)
+                sums = [sums[0] + (kl * mask).sum().item(),
+                        sums[1] + (((ratio - 1).abs() > clip_eps).float() * mask).sum().item(), sums[2] + mask.sum().item()]
+        total = [dist.all_sum(x) for x in sums]
+        return total[0] / max(total[2], 1), total[1] / max(total[2], 1)
+
+    kl, clipped = update_size()
+    scale = line_search(params, start, update_size, kl, target_kl) if target_kl and kl > target_kl else (1.0, kl, clipped)
+    stats["step_scale"], stats["update_kl"], stats["update_clipfrac"] = [scale[0]], [scale[1]], [scale[2]]
     lp.eval()
     return {k: sum(v) / len(v) for k, v in stats.items() if v} | {"samples": len(samples),
                                                                    "steps": len(stats["grad_norm"])}
+
+
+@torch.no_grad()
+def line_search(params, start, measure, kl: float, target_kl: float, tries: int = 8) -> tuple[float, float, float]:
+    """Scale an update back into its trust region: θ ← θ_old + α·(θ_new − θ_old), α < 1, until
+    measure() (the update's (KL, clip fraction) to π_old) gives KL ≤ target_kl. For small steps the KL
+    grows like α², so each try takes α ← α · min(1/2, 0.9·√(target_kl / KL)). After `tries` the last α is
+    kept. params: the trained tensors, moved in place; start: their values before the update (θ_old).
+    Returns (α, KL, clip fraction) of the update kept.
+
+        >>> w = torch.nn.Parameter(torch.tensor([4.0])); kl_of = lambda: ((w.item() / 4) ** 2, 0.0)  # KL = (α·1)²
+        >>> alpha, kl, _ = line_search([w], [torch.zeros(1)], kl_of, 1.0, 0.01)   # α = 0.9·√0.01 = 0.09
+        >>> round(alpha, 4), round(kl, 4), round(w.item(), 4)                      # KL 0.09² = 0.0081 ≤ 0.01
+        (0.09, 0.0081, 0.36)
+    """
+    alpha = 1.0
+    for _ in range(tries):
+        shrink = min(0.5, 0.9 * math.sqrt(target_kl / kl)) if kl > 0 else 0.5
+        for p, p0 in zip(params, start):
+            p.lerp_(p0, 1 - shrink)          # p0 + shrink·(p − p0): the new α is alpha·shrink
+        alpha *= shrink
+        kl, clipped = measure()
+        if kl <= target_kl:
+            break
+    return alpha, kl, clipped
 
 
 def warm_up(optimizer, warmup_steps: int) -> None:

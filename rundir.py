@@ -187,36 +187,40 @@ class Run:
             f.write(json.dumps(row) + "\n")
 
 
-# The dynamics panels of curve.png: what a collapse or an update outside PPO's trust region looks like.
-DYNAMICS = {"policy": ["train/policy_unparseable", "losses/policy_entropy", "losses/policy_update_clipfrac",
-                       "losses/policy_update_kl"],
-            "rm": ["train/rm_unparseable", "losses/rm_entropy", "losses/rm_update_clipfrac", "losses/rm_update_kl",
-                   "train/verdict_mean"]}
+# curve.png's dynamics panels, for P and for R: shares on a linear axis (a collapse takes the unparseable
+# share to 1, a constant R its mean verdict to ±1), then entropy and the update's KL on a log axis.
+DYNAMICS = [("P: answers and update", ["train/policy_unparseable", "losses/policy_update_clipfrac"], (0, 1)),
+            ("R: answers and update", ["train/rm_unparseable", "losses/rm_update_clipfrac", "train/verdict_mean"],
+             (-1, 1)),
+            ("P: entropy and KL per update", ["losses/policy_entropy", "losses/policy_update_kl"], "log"),
+            ("R: entropy and KL per update", ["losses/rm_entropy", "losses/rm_update_kl"], "log")]
 
 
 def plot_curve(rows: list[dict], path: Path) -> None:
     """Learning curve: training accuracy and the paper's Table 1 metrics per iteration (top), and P's and
-    R's dynamics (bottom): unparseable answers, entropy, and the update's clip fraction and KL."""
+    R's dynamics (`DYNAMICS`: docs/METHOD.md, "Training dynamics")."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     evals = sorted({k for r in rows for k in r if k.startswith("eval/") and tasks.headline(k)})
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
-    panels = [("training accuracy (active tasks)", ["train/acc"]), ("eval: the paper's Table 1 columns", evals),
-              ("P: dynamics", DYNAMICS["policy"]), ("R: dynamics", DYNAMICS["rm"])]
-    for ax, (title, group) in zip(axes.flat, panels):
+    fig, axes = plt.subplots(3, 2, figsize=(11, 10))
+    panels = [("training accuracy (active tasks)", ["train/acc"], None),
+              ("eval: the paper's Table 1 columns", evals, None), *DYNAMICS]
+    for ax, (title, group, scale) in zip(axes.flat, panels):   # scale: "log", fixed (low, high) limits, or None
         for k in group:
-            pts = [(r["iteration"], r[k]) for r in rows if k in r and not math.isnan(r[k])]
+            pts = [(r["iteration"], r[k]) for r in rows if k in r and not math.isnan(r[k]) and (scale != "log" or r[k] > 0)]
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=k)
         ax.set_title(title)
         ax.set_xlabel("iteration")
         if ax.lines:
             ax.legend(fontsize=7)
+            if scale == "log":
+                ax.set_yscale("log")
+            elif scale:
+                ax.set_ylim(scale[0] - 0.03, scale[1] + 0.03)
         ax.grid(alpha=0.3)
-    for ax in axes[1]:   # KL spans 1e-4 to 10: linear below 0.01, logarithmic above
-        ax.set_yscale("symlog", linthresh=0.01)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -27,12 +27,11 @@ import table1  # noqa: E402
 
 # name → the loop flags of one configuration (P's and R's optimizer alike unless named)
 CONFIGS = {
-    "lr3e-5-fresh": ["--lr", "3e-5", "--rm-lr", "3e-5", "--fresh-optimizer", "--warmup-steps", "0"],
-    "lr3e-6-fresh": ["--lr", "3e-6", "--rm-lr", "3e-6", "--fresh-optimizer", "--warmup-steps", "0"],
-    "lr3e-6-persist": ["--lr", "3e-6", "--rm-lr", "3e-6", "--no-fresh-optimizer", "--warmup-steps", "0"],
-    "lr3e-6-warm6": ["--lr", "3e-6", "--rm-lr", "3e-6", "--no-fresh-optimizer", "--warmup-steps", "6"],
-    "lr1e-5-warm6": ["--lr", "1e-5", "--rm-lr", "1e-5", "--no-fresh-optimizer", "--warmup-steps", "6"],
-    "lr1e-6-warm6": ["--lr", "1e-6", "--rm-lr", "1e-6", "--no-fresh-optimizer", "--warmup-steps", "6"],
+    "lr3e-5-fresh": ["--lr", "3e-5", "--rm-lr", "3e-5", "--fresh-optimizer", "--warmup-steps", "0", "--target-kl", "0"],
+    "lr3e-6-warm6": ["--lr", "3e-6", "--rm-lr", "3e-6", "--no-fresh-optimizer", "--warmup-steps", "6", "--target-kl", "0"],
+    "lr3e-5-kl0.01": ["--lr", "3e-5", "--rm-lr", "3e-5", "--fresh-optimizer", "--warmup-steps", "0", "--target-kl", "0.01"],
+    "lr3e-5-kl0.003": ["--lr", "3e-5", "--rm-lr", "3e-5", "--fresh-optimizer", "--warmup-steps", "0",
+                       "--target-kl", "0.003"],
 }
 COLLAPSE = 0.2   # share of unparseable answers in the last third that counts as a collapse
 

@@ -32,7 +32,9 @@ def share(samples: list[Sample], rank: int) -> list[Sample]:
 
 
 def update(lp, optimizer, samples, pad_id, steps):
-    return ppo_update(lp, optimizer, samples, pad_id, steps=steps, micro_batch=1, amp=False, seed=1)
+    """One PPO update; with a trust region (target_kl) small enough that its line search runs: every rank must
+    take the same decisions from the KL over every rank's tokens."""
+    return ppo_update(lp, optimizer, samples, pad_id, steps=steps, micro_batch=1, amp=False, seed=1, target_kl=1e-3)
 
 
 if __name__ == "__main__":
@@ -46,7 +48,8 @@ if __name__ == "__main__":
         stats = update(lp, optimizer, mine, tok.pad_token_id, steps)
         weights = {k.removeprefix("model."): v for k, v in dist.full_state_dict(lp).items()}
         if rank == 0:
-            torch.save({"weights": weights, "grad_norm": stats["grad_norm"]}, out / f"update{call}.pt")
+            torch.save({"weights": weights, "grad_norm": stats["grad_norm"], "step_scale": stats["step_scale"]},
+                       out / f"update{call}.pt")
     if sys.argv[2:] == ["vllm"]:
         from engines import make_engines
 

@@ -34,6 +34,7 @@ def test_fsdp2_update_on_two_ranks_equals_the_single_process_update(tmp_path):
     got = saved["weights"]
     # the gradient's norm before clipping: the same loss scale as one process (AdamW alone would hide a wrong one)
     assert abs(saved["grad_norm"] - stats["grad_norm"]) <= 1e-5 * stats["grad_norm"]
+    assert stats["step_scale"] < 1 and saved["step_scale"] == pytest.approx(stats["step_scale"], rel=1e-4)  # line search ran
     assert set(got) == set(model.state_dict())
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())   # it moved
     for k, v in model.state_dict().items():

@@ -54,6 +54,13 @@ def test_every_reference_solution_passes_every_gt_test():
     assert failed == []
 
 
+def test_validation_flag_plays_the_validation_ladders_only():
+    plain, chosen = Adapter(cfg(humaneval_limit=2)).eval_sets(), Adapter(cfg(validation=True, humaneval_limit=2)).eval_sets()
+    assert set(plain) == {"in_domain", "ood", "humaneval"} and set(chosen) == {"validation"}
+    assert len({t.ladder for t in chosen["validation"]}) >= 4
+    assert not {t.ladder for t in chosen["validation"]} & {t.ladder for ts in plain.values() for t in ts}
+
+
 def test_a_program_that_does_not_compile_is_unparseable():
     assert compiles("n = int(input())\nprint(n + 1)\n") and compiles("")
     for bad in ("print(", "Here is the code: print(1)", "x = 1\x00", "(" * 300 + ")" * 300):

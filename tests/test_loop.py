@@ -265,6 +265,9 @@ def test_preset_reference_is_the_released_configuration_and_flags_still_win():
     assert (cfg.coding_reward, cfg.group_size, cfg.m, cfg.lr, cfg.policy_steps) == ("reference", 32, 16, 1e-6, 2)
     cfg = loop.parse_args(["--task", "alfworld", "--preset", "reference", "--group-size", "4"])
     assert (cfg.group_size, cfg.max_turns, cfg.eval_max_turns, cfg.eval_samples) == (4, 40, 60, 3)
+    for task in ("livebench", "alfworld", "osworld", "maze"):   # the released optimizer: fresh AdamW, constant LR
+        cfg = loop.parse_args(["--task", task, "--preset", "reference"])
+        assert (cfg.fresh_optimizer, cfg.warmup_steps, cfg.target_kl, cfg.lr, cfg.rm_lr) == (True, 0, 0, 1e-6, 1e-6), task
 
 
 def test_existing_run_is_not_overwritten(tmp_path):

@@ -12,6 +12,7 @@ import pytest
 
 import models
 import loop
+import tasks
 from records import Completion
 from tasks import maze as mz
 
@@ -66,6 +67,9 @@ def test_validation_flag_swaps_the_eval_sets_for_the_validation_split():
     chosen = mz.Adapter(loop.parse_args(["--task", "maze", "--validation"])).eval_sets()
     assert set(plain) == {"in_domain", "ood"} and set(chosen) == {"validation"}
     assert all(t.data["split"] == "validation" for t in chosen["validation"])
+    no_split = SimpleNamespace(validation=True, eval_tasks=0, seed=0, task="alfworld")
+    with pytest.raises(tasks.TaskError, match="no validation split"):   # a one-line error, not an empty eval
+        tasks.chosen_sets({"train": chosen["validation"], "in_domain": chosen["validation"]}, no_split)
 
 
 def test_an_unparseable_answer_counts_as_one():

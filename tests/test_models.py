@@ -122,13 +122,15 @@ def test_ppo_update_moves_logprob_in_the_advantage_direction(tiny):
 
 
 def test_entropy_of_the_trained_tokens_is_that_of_the_full_distribution(tiny):
-    """LogProbs(entropy=True) gives −Σ π log π at every position, the same as from the full [B, L, V] logits."""
+    """LogProbs(entropy_at=mask) gives −Σ π log π at the masked positions (0 elsewhere), the same as from the
+    full [B, L, V] logits."""
     model, tok = tiny
     input_ids, attention = _prompt_batch(tok, ["hi", "a longer prompt here"])
+    at = torch.rand(input_ids[:, 1:].shape, generator=torch.Generator().manual_seed(0)) < 0.5   # [B, L-1]
     with torch.no_grad():
-        logp, ent = ppo.LogProbs(model, chunk=5)(input_ids, attention, amp=False, entropy=True)   # [B, L-1] each
+        logp, ent = ppo.LogProbs(model, chunk=5)(input_ids, attention, amp=False, entropy_at=at)   # [B, L-1] each
         full = torch.log_softmax(model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float(), -1)
-    assert torch.allclose(ent, -(full.exp() * full).sum(-1), atol=1e-4)
+    assert torch.allclose(ent, torch.where(at, -(full.exp() * full).sum(-1), 0.0), atol=1e-4)
     assert torch.allclose(logp, full.gather(-1, input_ids[:, 1:, None]).squeeze(-1), atol=1e-5)
 
 
@@ -136,6 +138,36 @@ def test_token_entropy_hand_values():
     """(0.5, 0.25, 0.25): 0.5·ln 2 + 2·0.25·ln 4 = 1.5·ln 2 = 1.0397 nats; uniform over 8: ln 8; one-hot: 0."""
     dists = torch.tensor([[0.5, 0.25, 0.25, 0, 0, 0, 0, 0], [1 / 8] * 8, [1.0] + [0.0] * 7])
     assert ppo.token_entropy(torch.log(dists)).tolist() == pytest.approx([1.5 * 0.693147, 2.079442, 0.0], abs=1e-5)
+
+
+def test_line_search_scales_the_update_back_into_its_trust_region_by_hand():
+    """θ_old = 0, θ_new = (2, −4), a KL that is quadratic in the step: KL(α) = α²·4. Target 0.25: the first try
+    shrinks by min(1/2, 0.9·√(0.25/4)) = 0.225 → KL 0.2025 ≤ 0.25, done, θ = 0.225·(2, −4). Target 0.01: tries
+    0.045 (KL 0.0081)."""
+    w, start = torch.nn.Parameter(torch.tensor([2.0, -4.0])), [torch.zeros(2)]
+    kl_of = lambda: (4 * (w[0].item() / 2) ** 2, 0.5)   # noqa: E731
+    alpha, kl, clip = ppo.line_search([w], start, kl_of, kl_of()[0], 0.25)
+    assert (alpha, kl, clip) == pytest.approx((0.225, 0.2025, 0.5)) and w.tolist() == pytest.approx([0.45, -0.9])
+    w.data = torch.tensor([2.0, -4.0])
+    assert ppo.line_search([w], start, kl_of, 4.0, 0.01)[:2] == pytest.approx((0.045, 0.0081))
+    # a KL that does not fall (1.0) shrinks α by 0.9·√0.01 = 0.09 at each of the `tries` tries, and the last is kept
+    assert ppo.line_search([w], start, lambda: (1.0, 1.0), 1.0, 0.01, tries=3)[0] == pytest.approx(0.09 ** 3)
+
+
+def test_ppo_update_with_a_target_kl_stays_inside_it(tiny):
+    """At LR 1e-2 one step moves the tiny model far (update KL ≫ 0.01): with target_kl 0.01 the update is
+    scaled back until its measured KL to π_old is at most 0.01, and it still moves the right way."""
+    model, tok = models.load("tiny", seed=0)
+    prompt = tok(engines.render_chat(tok, "q"), add_special_tokens=False)["input_ids"]
+    samples = [records.Sample(prompt, tok(t, add_special_tokens=False)["input_ids"], a)
+               for t, a in (("good", 1.0), ("bad!", -1.0), ("fine", 0.5), ("nope", -0.5))]
+    free = ppo.ppo_update(model, ppo.make_optimizer(model, 1e-2), samples, tok.pad_token_id, steps=2, micro_batch=2,
+                          amp=False)
+    assert free["update_kl"] > 0.01 and free["step_scale"] == 1.0
+    model = models.load("tiny", seed=0)[0]
+    held = ppo.ppo_update(model, ppo.make_optimizer(model, 1e-2), samples, tok.pad_token_id, steps=2, micro_batch=2,
+                          amp=False, target_kl=0.01)
+    assert 0 < held["update_kl"] <= 0.01 and held["step_scale"] < 1.0
 
 
 def test_warm_up_scales_each_step_by_hand():
