@@ -97,6 +97,9 @@ class Config:
     max_train_samples: int = opt(0, "per model and iteration, train on at most this many samples, drawn at random (0: all)")
     gen_batch: int = opt(64, "sequences per generate call")
     amp: bool = opt(True, "bf16 autocast for sampling and training, fp32 master weights (only where bf16 is native)")
+    train_amp: bool = opt(True, "with --amp, bf16 autocast in P's and R's updates too; --no-train-amp computes their "
+                          "log-probs and updates in fp32 (sampling stays bf16): a bf16 forward of slightly changed "
+                          "weights moves log-probs by ~0.1, which PPO's ratio and clip read as a step (docs/NOTES.md)")
     lora_rank: int = opt(0, "LoRA rank for P and R via peft (0: full fine-tune); vLLM gets the merged weights")
     grad_checkpointing: bool = opt(True, "recompute decoder activations in backward: less memory, slower steps (docs/NOTES.md)")
     sandbox_timeout: float = opt(5.0, "seconds per program run")

@@ -166,8 +166,8 @@ def optimize(cfg: Config, model_tok_opt, engine, samples, it: int, name: str) ->
         samples = random.Random(iteration_seed(cfg, it)).sample(samples, cfg.max_train_samples)
     stats = ppo_update(trainer, optimizer, samples, tok.pad_token_id, steps=cfg.policy_steps if name == "policy"
                        else cfg.rm_steps, clip_eps=cfg.clip_eps, kl_beta=cfg.kl_beta, micro_batch=cfg.micro_batch,
-                       amp=cfg.amp, seed=it, log_ratio_clamp=cfg.log_ratio_clamp, warmup_steps=cfg.warmup_steps,
-                       target_kl=cfg.target_kl)
+                       amp=cfg.amp and cfg.train_amp, seed=it, log_ratio_clamp=cfg.log_ratio_clamp,
+                       warmup_steps=cfg.warmup_steps, target_kl=cfg.target_kl)
     engine.sync()
     release_memory()
     return {f"losses/{name}_{k}": v for k, v in stats.items()}
@@ -220,7 +220,7 @@ def build_models(cfg: Config, use_rm: bool, policy_init: str, rm_init: str, env_
             trainer = model
             if dist.active():   # train a sharded copy; `model` keeps the full weights the engine samples from
                 trainer = copy.deepcopy(model)
-                trainer = dist.shard(LogProbs(trainer), trainer.get_decoder().layers, bf16=cfg.amp)
+                trainer = dist.shard(LogProbs(trainer), trainer.get_decoder().layers, bf16=cfg.amp and cfg.train_amp)
             models[name] = (model, tok, None if cfg.fresh_optimizer else make_optimizer(trainer, lr), trainer)
     to_serve = {k: (m, t) for k, (m, t, _, _) in models.items()}
     if env_init:

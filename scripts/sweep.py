@@ -30,8 +30,10 @@ CONFIGS = {
     "lr3e-5-fresh": ["--lr", "3e-5", "--rm-lr", "3e-5", "--fresh-optimizer", "--warmup-steps", "0", "--target-kl", "0"],
     "lr3e-6-warm6": ["--lr", "3e-6", "--rm-lr", "3e-6", "--no-fresh-optimizer", "--warmup-steps", "6", "--target-kl", "0"],
     "lr3e-5-kl0.01": ["--lr", "3e-5", "--rm-lr", "3e-5", "--fresh-optimizer", "--warmup-steps", "0", "--target-kl", "0.01"],
-    "lr3e-5-kl0.003": ["--lr", "3e-5", "--rm-lr", "3e-5", "--fresh-optimizer", "--warmup-steps", "0",
-                       "--target-kl", "0.003"],
+    "fp32-lr3e-6-kl0.01": ["--lr", "3e-6", "--rm-lr", "3e-6", "--fresh-optimizer", "--warmup-steps", "0", "--target-kl",
+                           "0.01", "--no-train-amp"],
+    "fp32-lr1e-6": ["--lr", "1e-6", "--rm-lr", "1e-6", "--fresh-optimizer", "--warmup-steps", "0", "--target-kl", "0",
+                    "--no-train-amp"],
 }
 COLLAPSE = 0.2   # share of unparseable answers in the last third that counts as a collapse
 
