@@ -31,10 +31,14 @@ def share(samples: list[Sample], rank: int) -> list[Sample]:
     return samples[:3] if rank == 0 else samples[3:]
 
 
-def update(lp, optimizer, samples, pad_id, steps):
-    """One PPO update; with a trust region (target_kl) small enough that its line search runs: every rank must
-    take the same decisions from the KL over every rank's tokens."""
-    return ppo_update(lp, optimizer, samples, pad_id, steps=steps, micro_batch=1, amp=False, seed=1, target_kl=1e-3)
+TARGET_KL = 1e-3   # the first update's trust region: small enough that its line search runs
+
+
+def update(lp, optimizer, samples, pad_id, steps, target_kl=0.0):
+    """One PPO update. With target_kl every rank must take the line search's decisions from the KL over every
+    rank's tokens, as one process does."""
+    return ppo_update(lp, optimizer, samples, pad_id, steps=steps, micro_batch=1, amp=False, seed=1,
+                      target_kl=target_kl)
 
 
 if __name__ == "__main__":
@@ -45,7 +49,7 @@ if __name__ == "__main__":
     optimizer = make_optimizer(lp, 1e-2)
     mine = share(fixed_samples(tok), rank)
     for call, steps in enumerate((1, 2)):   # 2 steps: rank 1 has an empty mini-batch and must pad it
-        stats = update(lp, optimizer, mine, tok.pad_token_id, steps)
+        stats = update(lp, optimizer, mine, tok.pad_token_id, steps, TARGET_KL if call == 0 else 0.0)
         weights = {k.removeprefix("model."): v for k, v in dist.full_state_dict(lp).items()}
         if rank == 0:
             torch.save({"weights": weights, "grad_norm": stats["grad_norm"], "step_scale": stats["step_scale"]},

@@ -28,8 +28,9 @@ def test_fsdp2_update_on_two_ranks_equals_the_single_process_update(tmp_path):
     optimizer = make_optimizer(lp, 1e-2)
     samples = w.fixed_samples(tok)
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    # steps = 1: one optimizer step over all 4 sequences, the same mini-batch as ranks 0 + 1 together
-    stats = w.update(lp, optimizer, samples, tok.pad_token_id, steps=1)
+    # steps = 1: one optimizer step over all 4 sequences, the same mini-batch as ranks 0 + 1 together, scaled
+    # back by the line search
+    stats = w.update(lp, optimizer, samples, tok.pad_token_id, steps=1, target_kl=w.TARGET_KL)
     saved = torch.load(tmp_path / "update0.pt")
     got = saved["weights"]
     # the gradient's norm before clipping: the same loss scale as one process (AdamW alone would hide a wrong one)
