@@ -111,6 +111,11 @@ def token_loss(logp, logp_old, adv, clip_eps: float = 0.2, log_ratio_clamp: floa
     return pg, kl, ratio
 
 
+def clipped(ratio, clip_eps: float):
+    """1.0 where Eq. 5's clip is active, |r − 1| > ε, else 0.0: the clip fraction's numerator, per token."""
+    return ((ratio - 1).abs() > clip_eps).float()
+
+
 def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: int, clip_eps: float = 0.2,
                kl_beta: float = 0.01, micro_batch: int = 4, amp: bool = True, max_grad_norm: float = 1.0,
                seed: int = 0, log_ratio_clamp: float = 10.0, warmup_steps: int = 0, target_kl: float = 0.0) -> dict:
@@ -184,7 +189,7 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
                 continue
             with torch.no_grad():
                 stats["loss"].append(per_seq.mean().item())
-                record("clipfrac", ((ratio - 1).abs() > clip_eps).float(), mask)
+                record("clipfrac", clipped(ratio, clip_eps), mask)
                 record("kl", kl, mask)
                 if on_policy:
                     record("entropy", ent, mask)
@@ -195,20 +200,22 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
     @torch.no_grad()
     def update_size() -> tuple[float, float]:
         """(KL, clip fraction) of π now against π_old: token means over every trained token of every rank."""
-        sums = [0.0, 0.0, 0.0]   # Σ kl, Σ clipped, tokens
+        kl_sum = clip_sum = tokens = 0.0
         dist.reshard(lp)         # the line search moves the shards in place: gather them afresh
         for k, (ids, att, mask, adv) in batches([k for group in per_step for k in group]):
             logp = lp(ids, att, amp=amp)                                              # [b, L-1]
             if k is not None:
                 _, kl, ratio = token_loss(logp, old[k], adv, clip_eps, log_ratio_clamp)
-                sums = [sums[0] + (kl * mask).sum().item(),
-                        sums[1] + (((ratio - 1).abs() > clip_eps).float() * mask).sum().item(), sums[2] + mask.sum().item()]
-        total = [dist.all_sum(x) for x in sums]
-        return total[0] / max(total[2], 1), total[1] / max(total[2], 1)
+                kl_sum += (kl * mask).sum().item()
+                clip_sum += (clipped(ratio, clip_eps) * mask).sum().item()
+                tokens += mask.sum().item()
+        tokens = max(dist.all_sum(tokens), 1)
+        return dist.all_sum(kl_sum) / tokens, dist.all_sum(clip_sum) / tokens
 
-    kl, clipped = update_size()
-    scale = line_search(params, start, update_size, kl, target_kl) if target_kl and kl > target_kl else (1.0, kl, clipped)
-    stats["step_scale"], stats["update_kl"], stats["update_clipfrac"] = [scale[0]], [scale[1]], [scale[2]]
+    alpha, kl, clip = 1.0, *update_size()
+    if target_kl and kl > target_kl:
+        alpha, kl, clip = line_search(params, start, update_size, kl, target_kl)
+    stats["step_scale"], stats["update_kl"], stats["update_clipfrac"] = [alpha], [kl], [clip]
     lp.eval()
     return {k: sum(v) / len(v) for k, v in stats.items() if v} | {"samples": len(samples),
                                                                    "steps": len(stats["grad_norm"])}
@@ -252,13 +259,12 @@ def warm_up(optimizer, warmup_steps: int) -> None:
         return
     for group in optimizer.param_groups:
         base = group.setdefault("base_lr", group["lr"])
-        taken = max((int(optimizer.state[p]["step"]) for p in group["params"] if "step" in optimizer.state.get(p, {})),
-                    default=0)
+        taken = next((int(st["step"]) for p in group["params"] if "step" in (st := optimizer.state.get(p, {}))), 0)
         group["lr"] = base * min(1.0, (taken + 1) / warmup_steps)
 
 
 def make_optimizer(model, lr: float):
-    """AdamW with a constant learning rate (Eq. 5)."""
+    """AdamW with a constant learning rate (Eq. 5); `warm_up` may ramp its first steps."""
     return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
 
 

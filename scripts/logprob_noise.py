@@ -60,7 +60,7 @@ def main() -> None:
                     p.copy_(p0 + alpha * (p1 - p0))
                 _, kl, ratio = ppo.token_loss(lp(ids, att, amp=amp), old, adv)          # [B, L-1] each
             n = mask.sum()
-            clip = (((ratio - 1).abs() > 0.2).float() * mask).sum() / n
+            clip = (ppo.clipped(ratio, 0.2) * mask).sum() / n
             print(f"| {'bf16 autocast' if amp else 'fp32'} | {alpha:g} | {((kl * mask).sum() / n).item():.6f} | "
                   f"{clip.item():.3f} |")
 
