@@ -24,7 +24,8 @@ ABLATIONS = {  # paper Table 1 rows: (use R's verdicts, train R, adapt the envir
     "policy": (True, False, False),         # integrated feedback, R frozen, environment fixed
     "policy_reward": (True, True, False),   # + R trained by consistency feedback
     "full": (True, True, True),             # + environment adaptation: the full method
-}
+    "stepwise": (True, False, False),       # claim 2: P on R's step-wise verdicts alone (Eq. 1 without O), R frozen
+}                                           # (give it a trained one: --rm-model), no outcome label in P's training
 
 
 def opt(default, help: str, **kw):
@@ -72,6 +73,10 @@ class Config:
     rm_max_new_tokens: int = opt(96, "R tokens per judgment / test")
     rm_balance: bool = opt(False, "agent settings, not in the paper: steps with a positive and a non-positive "
                            "reward carry equal weight in R's Eq. 3 samples (reward_model.balance_weights)")
+    rm_norm: str = opt("step", "agent settings: Eq. 3's z-score over each step's m judgments (step: the paper; a step "
+                       "whose m judgments agree is skipped) or over every judgment of the iteration (batch, not in "
+                       "the paper: unanimous steps train R too; reward_model.batch_consistency_rewards)",
+                       choices=["step", "batch"])
     env_mode: str = opt("variants", "E's rewrites: variants (move along the ladder) or generate (E writes a task)",
                         choices=["variants", "generate"])
     env_retries: int = opt(4, "N: E's tries per proposal in generate mode")
@@ -246,8 +251,12 @@ def validate(cfg: "Config") -> None:
         (cfg.resume and cfg.eval_only, "--resume and --eval-only don't go together"),
         (cfg.eval_only and not cfg.checkpoint, "--eval-only needs --checkpoint (a run folder or a model folder)"),
         (cfg.ablation == "grpo" and cfg.lam not in (0.0, 1.0), "--ablation grpo has no reward model: --lam must stay unset"),
+        (cfg.ablation == "stepwise" and cfg.lam == 0, "--ablation stepwise rewards P with λ·(R's mean verdict) alone: "
+                                                      "--lam must be > 0"),
         (cfg.rm_balance and cfg.task == "livebench", "--rm-balance weighs R's step verdicts; the coding setting's R "
                                                      "writes tests (agent settings only)"),
+        (cfg.rm_norm != "step" and cfg.task == "livebench", "--rm-norm normalizes R's step verdicts; the coding "
+                                                            "setting's R writes tests (agent settings only)"),
     ]
     for bad, msg in combos:
         if bad:
@@ -274,6 +283,8 @@ def parse_args(argv=None) -> Config:
     validate(cfg)
     if cfg.ablation == "grpo":
         cfg.lam = 0.0
+    if cfg.ablation == "stepwise":   # the accuracy filter reads the outcomes: off, so P's data holds no outcome label
+        cfg.acc_lower, cfg.acc_upper = 0.0, 1.0
     if cfg.amp and not bf16_fast():
         print("[loop] bf16 is not native on this machine: running fp32 (--no-amp)")
         cfg.amp = False

@@ -155,9 +155,11 @@ def update(slots: dict[str, Slot], picked: list[tuple[str, Task]], groups: list[
     """docs/METHOD.md, step 4: decide the pending rewrites from their fresh accuracy, then propose new
     rewrites for the active slots outside [low, high]. A slot whose pending rewrite is decided this
     iteration gets no new proposal until the next one (released code). Returns the groups that join
-    this iteration's training data (active versions + accepted rewrites) and counts for the log."""
+    this iteration's training data (active versions + accepted rewrites) and counts for the log, with the
+    paper's Figure 1 view of E (claim 3): accepted_acc, the mean a′ of the rewrites accepted now, and
+    rewritten_acc, the accuracy of the active versions that are earlier accepted rewrites (NaN where none)."""
     stats = {"accepted": 0, "rejected": 0, "proposed": 0, "failed": 0, "e_tries": 0}
-    train, asking = [], []
+    train, asking, accepted_accs, rewritten_accs = [], [], [], []
     for (sid, task), g in zip(picked, groups):
         slot = slots[sid]
         if slot.pending is not None and task.id == slot.pending.id:
@@ -166,12 +168,15 @@ def update(slots: dict[str, Slot], picked: list[tuple[str, Task]], groups: list[
                 slot.history.append(task.id)
                 train.append(g)
                 stats["accepted"] += 1
+                accepted_accs.append(g.acc)
             else:
                 stats["rejected"] += 1
             slot.pending = slot.pending_direction = slot.pending_from_acc = None
         else:
             slot.acc = g.acc
             train.append(g)
+            if slot.history:
+                rewritten_accs.append(g.acc)
             if d := direction(g.acc, low, high):
                 asking.append((slot, d, g))
     feedback = (critic_feedback([g for _, _, g in asking], adapter, engine, temperature=temperature, top_p=top_p)
@@ -188,7 +193,12 @@ def update(slots: dict[str, Slot], picked: list[tuple[str, Task]], groups: list[
             task.id = f"{slot.root.id}~gen{iteration}"
         slot.pending, slot.pending_direction, slot.pending_from_acc = task, d, slot.acc
         stats["proposed"] += 1
+    stats["accepted_acc"], stats["rewritten_acc"] = _mean(accepted_accs), _mean(rewritten_accs)
     return train, stats
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
 
 
 def slots_to_json(slots: dict[str, Slot]) -> dict:

@@ -8,7 +8,8 @@ forged together, one iteration at a time.
     python loop.py --task maze                           # the teaching setting: learns in minutes on a CPU
 
 `train` is Algorithm 1; its body marks the 7 steps of one iteration (docs/METHOD.md, "One iteration").
-What a Table 1 row switches on is `config.ABLATIONS`: (use R's verdicts, train R, adapt the environment).
+What a Table 1 row switches on is `config.ABLATIONS`: (use R's verdicts, train R, adapt the environment);
+`stepwise` (the paper's claim 2) also drops the outcome from P's reward.
 
 Defaults: the released code's method with sizes for a 2-core CPU (a 135M model, fewer tasks,
 smaller G and m, shorter generations). Every value is a flag, `--help` shows the released value
@@ -82,10 +83,10 @@ def train(cfg: Config) -> Path:
             # 5. policy samples (Eq. 1-2) and reward-model samples (Eq. 3), from this rank's share of the groups
             train_groups = dist.shard_tasks(train_groups)
             p_samples, step_rewards = policy.policy_samples(
-                train_groups, cfg.lam, not cfg.zero_single, cfg.coding_reward, (cfg.acc_lower, cfg.acc_upper),
-                cfg.drop_zero_adv)
-            r_samples = reward_model.rm_samples(train_groups, step_rewards, adapter.judge_kind,
-                                                drop_zero=cfg.drop_zero_adv, balance=cfg.rm_balance) if train_rm else []
+                train_groups, cfg.lam, not cfg.zero_single, "stepwise" if cfg.ablation == "stepwise" else cfg.coding_reward,
+                (cfg.acc_lower, cfg.acc_upper), cfg.drop_zero_adv)
+            r_samples = reward_model.rm_samples(train_groups, step_rewards, adapter.judge_kind, drop_zero=cfg.drop_zero_adv,
+                                                balance=cfg.rm_balance, norm=cfg.rm_norm) if train_rm else []
             # 6. update P, then R (Eq. 5)
             with stage(timings, "train_policy"):
                 stats = optimize(cfg, models["policy"], engines["policy"], p_samples, it, "policy")
@@ -93,7 +94,7 @@ def train(cfg: Config) -> Path:
                 with stage(timings, "train_rm"):
                     stats |= optimize(cfg, models["reward_model"], engines["reward_model"], r_samples, it, "rm")
             # 7. log, evaluate every --eval-every iterations, checkpoint
-            row = iteration_row(groups, is_active, p_samples, r_samples, slots, env_stats) | stats
+            row = iteration_row(groups, is_active, p_samples, r_samples, slots, env_stats, cfg.m) | stats
             run.samples(groups, it)
             if eval_due(cfg, it):
                 with stage(timings, "eval"):
@@ -123,7 +124,7 @@ def setup(cfg: Config, run: Run, use_rm: bool, adapt_env: bool):
     removed = sandbox.cleanup_stale()
     if removed:
         print(f"[loop] removed {removed} leftover sandbox folder(s) of killed runs")
-    adapter = tasks.get(cfg.task, cfg)
+    adapter = tasks.get(cfg.task, cfg, env_mode=cfg.env_mode if adapt_env else None)
     if cfg.resume and run.fresh:
         print(f"[loop] {run.dir} has no finished iteration: starting it again from scratch", flush=True)
         run.restart()
@@ -173,11 +174,16 @@ def optimize(cfg: Config, model_tok_opt, engine, samples, it: int, name: str) ->
     return {f"losses/{name}_{k}": v for k, v in stats.items()}
 
 
-def iteration_row(groups, is_active, p_samples, r_samples, slots, env_stats) -> dict:
+def iteration_row(groups, is_active, p_samples, r_samples, slots, env_stats, m: int) -> dict:
     """What one iteration logs about its rollouts, samples and slots (metrics.jsonl, TensorBoard), with
     the signs of a collapse over every rollout played: the share of P's answers that are no valid action
-    or program, of R's judgments with no verdict (coding: malformed tests), and their mean lengths in tokens."""
-    steps = [st for g in groups for ro in g.rollouts for st in ro.steps]
+    or program, of R's judgments with no verdict (coding: malformed tests), and their mean lengths in tokens;
+    and R's Theorem 1 quantities over the played steps (`reward_model.theorem1_metrics`: against the
+    outcomes, and against the step labels where the setting has them)."""
+    rollouts = [ro for g in groups for ro in g.rollouts]
+    steps = [st for ro in rollouts for st in ro.steps]
+    thm1 = reward_model.theorem1_metrics(rollouts, m, labels=any(st.label is not None for st in steps)) \
+        if any(st.verdicts for st in steps) else {}
     judgments = [c for g in groups for c in g.tests] + [c for st in steps for c in st.judgments]
     return {"train/acc": _mean(g.acc for g, a in zip(groups, is_active) if a),
             "train/policy_unparseable": _mean(not st.parsed for st in steps),
@@ -190,7 +196,7 @@ def iteration_row(groups, is_active, p_samples, r_samples, slots, env_stats) -> 
             "train/verdict_mean": _mean([v for g in groups for ro in g.rollouts for st in ro.steps
                                          for v in st.verdicts]),
             "env/mean_level": _mean([s.active.level for s in slots.values() if s.active.level is not None]),
-            **{f"env/{k}": v for k, v in env_stats.items()}}
+            **{f"train/{k}": v for k, v in thm1.items()}, **{f"env/{k}": v for k, v in env_stats.items()}}
 
 
 def memory() -> dict:

@@ -62,13 +62,15 @@ def policy_samples(groups: list[Group], lam: float = 1.0, keep_single: bool = Tr
 
     reward="reference" uses the rollout's graded score (coding: the share of GT tests passed, as the
     released code does) instead of Eq. 1; z-scored over the group like any single-step reward.
+    reward="stepwise" (the paper's claim 2, Figure 1) drops the outcome from Eq. 1: R_{τ_i} = (λ/m) Σ_j S_{τ_i,j}.
     Tasks whose acc lies outside acc_range are left out. Steps with advantage 0 are dropped when
     drop_zero (the released code drops them in ALFWorld and OSWorld and keeps them in coding, where
     they still count in the loss's batch mean and its KL term).
     """
     samples, step_rewards = [], []
     for g in groups:
-        rewards = [[ro.score if reward == "reference" else integrated_reward(ro.outcome, st.verdicts, lam)  # Eq. 1
+        rewards = [[ro.score if reward == "reference" else                                                   # Eq. 1
+                    integrated_reward(0 if reward == "stepwise" else ro.outcome, st.verdicts, lam)
                     for st in ro.steps] for ro in g.rollouts]
         adv = step_advantages(rewards, keep_single)                                                         # Eq. 2
         for ro, r_row, a_row in zip(g.rollouts, rewards, adv):

@@ -14,7 +14,9 @@ measures how consistent each judgment is with the outcome and its siblings:
 """
 from __future__ import annotations
 
+import math
 import re
+from collections import Counter
 
 from engines import boxed, prefilled, render_chat
 from policy import zscore
@@ -47,11 +49,32 @@ def judge_steps(groups: list[Group], engine, cfg, prefix: str = "") -> None:
         st.verdicts = [parse_verdict(c.text) for c in judgments]  # S_{τ_i,j} ∈ {+1, −1, 0}
 
 
+def consistency_raw(step_reward: float, verdicts: list[int]) -> list[float]:
+    """Eq. 3's raw rewards of one step's m judgments: R_{S_j} = R_{τ_i} · S_j, −2 when S_j is unparseable."""
+    return [step_reward * s if s != 0 else UNPARSEABLE_REWARD for s in verdicts]  # Eq. 3
+
+
 def consistency_rewards(step_reward: float, verdicts: list[int]) -> list[float] | None:
-    """Eq. 3 for one step: R_{S_j} = R_{τ_i} · S_j (−2 when S_j is unparseable), z-scored over the m
-    judgments. None when all m raw rewards are equal (the step is skipped)."""
-    raw = [step_reward * s if s != 0 else UNPARSEABLE_REWARD for s in verdicts]  # Eq. 3
-    return zscore(raw)
+    """Eq. 3 for one step: the raw rewards (`consistency_raw`) z-scored over the m judgments. None when all
+    m raw rewards are equal (the step is skipped: an R whose m judgments agree gets no gradient from it)."""
+    return zscore(consistency_raw(step_reward, verdicts))
+
+
+def batch_consistency_rewards(steps: list[tuple[float, list[int]]]) -> list[list[float]] | None:
+    """Eq. 3 with one z-score over every judgment of the given (R_τ, verdicts) steps instead of one per step
+    (--rm-norm batch, not in the paper): a step whose m judgments agree still gets its raw rewards' sign
+    against the batch, so an R that has drifted to one verdict is pushed back on the steps where that verdict
+    is inconsistent with R_τ. None when every raw reward is equal.
+
+        >>> batch_consistency_rewards([(1.0, [-1, -1]), (-1.0, [-1, -1])])   # raw [−1, −1] and [1, 1]
+        [[-1.0, -1.0], [1.0, 1.0]]
+    """
+    raw = [consistency_raw(r, verdicts) for r, verdicts in steps]
+    z = zscore([x for row in raw for x in row])
+    if z is None:
+        return None
+    rows = iter(z)
+    return [[next(rows) for _ in row] for row in raw]
 
 
 def test_writer_rewards(gt_pass: list[bool], passes: list[list[bool]]) -> list[float] | None:
@@ -124,9 +147,51 @@ def agent_metrics(rollouts) -> dict:
             "outcome_acc": outcome_hits / len(scored) if scored else nan}
 
 
+def theorem1(good: list[list[int]], bad: list[list[int]], m: int) -> dict:
+    """Theorem 1's quantities for R, from its m verdicts on steps of two classes: `good` (steps of successful
+    rollouts, or steps labelled +1) and `bad` (steps of failed rollouts, or labelled −1).
+
+        p₊ = P(S = +1 | good step)    p₋ = P(S = −1 | bad step)    μ = p₊ + p₋
+        𝒜 = P(S_τ⁺ > S_τ⁻), S_τ the mean of a step's m verdicts, over every (good, bad) pair of steps
+        bound = 1 − exp(−m(μ − 1)²/4) when μ > 1 (Theorem 1: 𝒜 → 1 as m → ∞ iff μ > 1), else 0
+    An unparseable verdict (0) is neither +1 nor −1 and counts 0 in S_τ. A constant R has μ = 1 and 𝒜 = 0
+    (ties are not "greater"). μ/2 is R's balanced accuracy per single judgment. NaN where a class is empty.
+
+        >>> q = theorem1(good=[[1, 1], [1, -1]], bad=[[-1, -1], [1, 0]], m=2)   # p₊ = 3/4, p₋ = 2/4
+        >>> q["p_plus"], q["p_minus"], q["mu"], q["precision"]    # S⁺ ∈ {1, 0}, S⁻ ∈ {−1, 0.5}: 3 of 4 pairs
+        (0.75, 0.5, 1.25, 0.75)
+        >>> round(q["bound"], 4)                                  # 1 − exp(−2 · 0.25² / 4)
+        0.0308
+    """
+    nan = float("nan")
+    if not good or not bad:
+        return {"p_plus": nan, "p_minus": nan, "mu": nan, "precision": nan, "bound": nan}
+    p_plus = sum(v == 1 for vs in good for v in vs) / max(sum(map(len, good)), 1)
+    p_minus = sum(v == -1 for vs in bad for v in vs) / max(sum(map(len, bad)), 1)
+    mu = p_plus + p_minus
+    s_good = Counter(sum(vs) / len(vs) if vs else 0.0 for vs in good)   # S_τ value → steps with it
+    s_bad = Counter(sum(vs) / len(vs) if vs else 0.0 for vs in bad)
+    wins = sum(n * k for s, n in s_good.items() for t, k in s_bad.items() if s > t)
+    return {"p_plus": p_plus, "p_minus": p_minus, "mu": mu, "precision": wins / (len(good) * len(bad)),
+            "bound": 1 - math.exp(-m * (mu - 1) ** 2 / 4) if mu > 1 else 0.0}
+
+
+def theorem1_metrics(rollouts, m: int, labels: bool) -> dict:
+    """`theorem1` over judged rollouts, keyed thm1_*: the classes are the rollouts' outcomes (what R is trained
+    to be consistent with) and, with `labels` (exact step labels: maze, ALFWorld's planner), thm1_label_*
+    the steps' ground-truth labels."""
+    steps = [(st, ro.outcome) for ro in rollouts for st in ro.steps if st.verdicts]
+    out = {f"thm1_{k}": v for k, v in theorem1([st.verdicts for st, o in steps if o > 0],
+                                               [st.verdicts for st, o in steps if o < 0], m).items()}
+    if labels:
+        out |= {f"thm1_label_{k}": v for k, v in theorem1([st.verdicts for st, _ in steps if st.label == 1],
+                                                          [st.verdicts for st, _ in steps if st.label == -1], m).items()}
+    return out
+
+
 def rm_samples(groups: list[Group], step_rewards: list[list[list[float]]], kind: str,
                acc_range: tuple[float, float] = RM_ACC_RANGE, drop_zero: bool = True,
-               balance: bool = False) -> list[Sample]:
+               balance: bool = False, norm: str = "step") -> list[Sample]:
     """Training samples for R from one iteration. step_rewards[g][r][k] is step k's reward R_{τ_i} in
     rollout r of group g (what policy.policy_samples returns).
 
@@ -136,16 +201,22 @@ def rm_samples(groups: list[Group], step_rewards: list[list[list[float]]], kind:
     Samples with advantage 0 are dropped when drop_zero, as for the policy.
     balance (kind "steps"; not in the paper, --rm-balance): steps whose reward R_τ is positive and
     steps whose reward is not carry equal total weight, see `balance_weights`.
+    norm (kind "steps"): "step" z-scores each step's m rewards (Eq. 3); "batch" z-scores all of them at once
+    (not in the paper, --rm-norm batch: `batch_consistency_rewards`).
     """
-    pairs = []   # (R's m outputs for one step or task, their rewards, the step's R_τ)
+    pairs, steps = [], []   # (R's m outputs for one step or task, their rewards, the step's R_τ); (step, R_τ)
     for g, rewards in zip(groups, step_rewards):
         if not acc_range[0] <= g.acc <= acc_range[1]:
             continue
         if kind == "tests":
             pairs.append((g.tests, test_writer_rewards([ro.outcome > 0 for ro in g.rollouts], g.test_passes), 0.0))
         else:
-            pairs += [(st.judgments, consistency_rewards(r, st.verdicts), r)                  # Eq. 3
-                      for ro, r_row in zip(g.rollouts, rewards) for st, r in zip(ro.steps, r_row)]
+            steps += [(st, r) for ro, r_row in zip(g.rollouts, rewards) for st, r in zip(ro.steps, r_row)]
+    if norm == "batch":
+        advs = batch_consistency_rewards([(r, st.verdicts) for st, r in steps]) or [None] * len(steps)
+    else:
+        advs = [consistency_rewards(r, st.verdicts) for st, r in steps]                       # Eq. 3
+    pairs += [(st.judgments, adv, r) for (st, r), adv in zip(steps, advs)]
     pairs = [(outs, adv, r) for outs, adv, r in pairs if adv]
     weights = balance_weights([r > 0 for _, _, r in pairs]) if balance and kind == "steps" else [1.0] * len(pairs)
     return [Sample(c.prompt_ids, c.ids, w * a) for (outs, adv, _), w in zip(pairs, weights)
@@ -156,7 +227,7 @@ def balance_weights(positive: list[bool]) -> list[float]:
     """Per step, n / (2·n_c) for its class c (R_τ > 0 or not) among the n steps that train R, so each
     class carries half the weight (1 for every step while a class is empty). When most rollouts fail,
     most steps have R_τ < 0 and a plain Eq. 3 pays "−1" on most of them: R can learn the constant
-    verdict −1 (README, the maze study).
+    verdict −1 (docs/STUDIES.md, the maze study).
 
     >>> balance_weights([True, False, False])
     [1.5, 0.75, 0.75]

@@ -188,12 +188,15 @@ class Run:
 
 
 # curve.png's dynamics panels, for P and for R: shares on a linear axis (a collapse takes the unparseable
-# share to 1, a constant R its mean verdict to ±1), then entropy and the update's KL on a log axis.
+# share to 1, a constant R its mean verdict to ±1), then entropy and the update's KL on a log axis, then
+# R's Theorem 1 quantities (a constant R has μ = 1 and 𝒜 = 0; reward_model.theorem1).
 DYNAMICS = [("P: answers and update", ["train/policy_unparseable", "losses/policy_update_clipfrac"], (0, 1)),
             ("R: answers and update", ["train/rm_unparseable", "losses/rm_update_clipfrac", "train/verdict_mean"],
              (-1, 1)),
             ("P: entropy and KL per update", ["losses/policy_entropy", "losses/policy_update_kl"], "log"),
-            ("R: entropy and KL per update", ["losses/rm_entropy", "losses/rm_update_kl"], "log")]
+            ("R: entropy and KL per update", ["losses/rm_entropy", "losses/rm_update_kl"], "log"),
+            ("R: Theorem 1 on the training steps (μ > 1: R beats a constant verdict)",
+             ["train/thm1_mu", "train/thm1_precision", "train/thm1_bound", "train/thm1_label_mu"], (0, 2))]
 
 
 def plot_curve(rows: list[dict], path: Path) -> None:
@@ -204,9 +207,11 @@ def plot_curve(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     evals = sorted({k for r in rows for k in r if k.startswith("eval/") and tasks.headline(k)})
-    fig, axes = plt.subplots(3, 2, figsize=(11, 10))
+    thm1 = sorted({k for r in rows for k in r if k.startswith("eval/") and k.endswith(("thm1_mu", "thm1_label_mu"))})
+    fig, axes = plt.subplots(4, 2, figsize=(11, 13))
     panels = [("training accuracy (active tasks)", ["train/acc"], None),
-              ("eval: the paper's Table 1 columns", evals, None), *DYNAMICS]
+              ("eval: the paper's Table 1 columns", evals, None), *DYNAMICS,
+              ("R: Theorem 1's μ at eval (against outcomes; _label_: against step labels)", thm1, (0, 2))]
     for ax, (title, group, scale) in zip(axes.flat, panels):   # scale: "log", fixed (low, high) limits, or None
         for k in group:
             pts = [(r["iteration"], r[k]) for r in rows if k in r and not math.isnan(r[k]) and (scale != "log" or r[k] > 0)]

@@ -1,7 +1,7 @@
 """Paper Table 1 as a study: every ablation row × seeds, run one after another, then the table and
 its figure from the runs' metrics.
 
-    python table1.py --task maze --seeds 3                       # 4 rows × 3 seeds, then the table
+    python table1.py --task maze --seeds 3                       # 5 rows × 3 seeds, then the tables and figures
     python table1.py --task livebench --seeds 3 --rows grpo,full --iterations 20   # loop flags pass through
     python table1.py --task maze --seeds 3 --report-only         # only the table and table1.png
 
@@ -15,6 +15,7 @@ Detect in coding, Process / Outcome Acc in the agent settings (grpo has no R: "-
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import statistics
@@ -42,6 +43,8 @@ def parse(argv=None):
     bad = [r for r in rows if r not in loop.ABLATIONS]
     if bad or not rows:
         p.error(f"--rows: unknown {', '.join(bad) or '(none)'}; choose from {', '.join(loop.ABLATIONS)}")
+    if "stepwise" in rows and "full" in rows and rows.index("stepwise") < rows.index("full"):
+        p.error("--rows: put full before stepwise (the stepwise row's frozen R is the one its seed's full cell trained)")
     if args.seeds < 1:
         p.error("--seeds must be at least 1")
     for flag in ("--ablation", "--seed", "--name", "--runs-dir", "--resume", "--task"):
@@ -53,8 +56,17 @@ def parse(argv=None):
 
 
 def cell_args(args, row: str, seed: int) -> list[str]:
+    """loop.py's flags for one cell. The stepwise row (claim 2) reads its frozen R from the same seed's full
+    cell, the R that the full method trained, unless --rm-model is given."""
+    own_rm = any(f == "--rm-model" or f.startswith("--rm-model=") for f in args.loop_flags)
+    rm = ["--rm-model", str(full_rm(args, seed))] if row == "stepwise" and not own_rm else []
     return ["--task", args.task, "--ablation", row, "--seed", str(seed), "--runs-dir", str(args.dir),
-            "--name", f"{row}-s{seed}", *args.loop_flags]
+            "--name", f"{row}-s{seed}", *rm, *args.loop_flags]
+
+
+def full_rm(args, seed: int) -> Path:
+    """The reward model the full method trained in seed `seed`'s cell."""
+    return args.dir / f"full-s{seed}" / "ckpt" / "reward_model"
 
 
 def finished(run: Path, iterations: int) -> bool:
@@ -75,6 +87,9 @@ def run_study(args) -> None:
             if finished(run, cfg.iterations):
                 print(f"[table1] {cfg.name}: finished, skipped", flush=True)
                 continue
+            if row == "stepwise" and cfg.rm_model == str(full_rm(args, seed)) and not full_rm(args, seed).exists():
+                raise SystemExit(f"[table1] {cfg.name} reads its frozen R from {full_rm(args, seed)}, which does not "
+                                 f"exist: run the full row of seed {seed} first (--rows full,stepwise)")
             resume = (run / "config.json").exists()
             cmd = [sys.executable, str(ROOT / "loop.py"), *cell_args(args, row, seed),
                    *(["--resume"] if resume else [])]
@@ -183,6 +198,21 @@ def trust_region(args, runs: dict) -> str:
     return per_row_table(args, runs, cols, spec=".3g")
 
 
+def theorem1(args, runs: dict) -> str:
+    """Markdown: R's Theorem 1 quantities (reward_model.theorem1) per row, mean over seeds (per-seed values in
+    brackets): on the training steps, medians over the run's iterations, against the outcomes (μ, 𝒜 and its
+    bound at the run's m) and, where steps carry labels, against the labels (μ_label); at the last eval, μ and 𝒜
+    on each eval set. μ > 1 is the theorem's condition for 𝒜 → 1; a constant R has μ = 1, 𝒜 = 0."""
+    sets = sorted({k.split("/")[1] for rows in runs.values() for r in rows for k in r
+                   if k.startswith("eval/") and k.endswith("/thm1_mu")})
+    cols = {"train μ": median("train/thm1_mu"), "train 𝒜": median("train/thm1_precision"),
+            "train bound": median("train/thm1_bound"), "train μ_label": median("train/thm1_label_mu")}
+    for s in sets:
+        for name, key in (("μ", "thm1_mu"), ("𝒜", "thm1_precision"), ("μ_label", "thm1_label_mu")):
+            cols[f"{s} {name}, last eval"] = lambda rows, k=f"eval/{s}/{key}": last_eval(rows).get(k, float("nan"))
+    return per_row_table(args, runs, cols, spec=".3g")
+
+
 def third(rows: list[dict], key: str, last: bool) -> float:
     """The mean of `key` over the first or the last third of a run's iterations."""
     k = max(1, len(rows) // 3)
@@ -191,8 +221,9 @@ def third(rows: list[dict], key: str, last: bool) -> float:
 
 
 def median(key: str):
-    """The median of `key` over the iterations that logged it (the updates that ran)."""
-    return lambda rows: statistics.median(xs) if (xs := [r[key] for r in rows if key in r]) else float("nan")
+    """The median of `key` over the iterations that logged it (the updates that ran), NaNs left out."""
+    return lambda rows: statistics.median(xs) if (xs := [r[key] for r in rows if key in r and r[key] == r[key]]) \
+        else float("nan")
 
 
 def per_row_table(args, runs: dict, cols: dict, spec: str = ".2f") -> str:
@@ -245,6 +276,53 @@ def figure(args, runs: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def claims(args, runs: dict, path: Path) -> None:
+    """The paper's Figure 1 views, from the runs' training rows (each row's mean over seeds as a line, min–max
+    over seeds as a band): training accuracy per iteration for every row (claim 2 compares stepwise, policy and
+    grpo), the cumulative count of E's accepted rewrites (claim 3: it grows with training), and the accepted
+    rewrites' accuracy a′ when accepted, against Eq. 4's band [α_low, α_high] (claim 3: it stays in the band).
+    The E panels show the rows with E."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def cumulative(key):
+        return lambda rows: dict(zip((r["iteration"] for r in rows), itertools.accumulate(r.get(key, 0) for r in rows)))
+
+    def per_iteration(key):
+        return lambda rows: {r["iteration"]: r[key] for r in rows if key in r and r[key] == r[key]}
+
+    with_e = [row for row in args.rows if any("env/accepted" in r for (rw, _), rows in runs.items() if rw == row
+                                              for r in rows)]
+    panels = [("training accuracy (claim 2)", per_iteration("train/acc"), args.rows, False),   # (..., Eq. 4's band)
+              ("E: accepted rewrites, cumulative (claim 3)", cumulative("env/accepted"), with_e, False),
+              ("E: accuracy a′ of the rewrites accepted (claim 3)", per_iteration("env/accepted_acc"), with_e, True)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
+    for ax, (title, series_of, rows, band) in zip(axes[0], panels):
+        for row in rows:
+            series = [series_of([r for r in runs[row, s] if r["iteration"] > 0])
+                      for s in range(args.seeds) if (row, s) in runs]
+            its = sorted(set().union(*series)) if series else []
+            pts = [(i, [x[i] for x in series if i in x]) for i in its]
+            if not pts:
+                continue
+            xs = [i for i, _ in pts]
+            ax.plot(xs, [statistics.fmean(v) for _, v in pts], marker="o", label=row)
+            ax.fill_between(xs, [min(v) for _, v in pts], [max(v) for _, v in pts], alpha=0.2)
+        if band:
+            for y in (loop.Config.alpha_low, loop.Config.alpha_high):
+                ax.axhline(y, color="grey", linestyle="--", linewidth=1)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("iteration")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.suptitle(f"{args.task}: the paper's claims 2 and 3, mean over seeds (band: min–max)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     args = parse(argv)
     try:
@@ -262,8 +340,11 @@ def main(argv=None) -> int:
     print(dynamics(args, runs))
     print()
     print(trust_region(args, runs))
+    print()
+    print(theorem1(args, runs))
     figure(args, runs, args.dir / "table1.png")
-    print(f"[table1] figure: {args.dir / 'table1.png'}")
+    claims(args, runs, args.dir / "claims.png")
+    print(f"[table1] figures: {args.dir / 'table1.png'}, {args.dir / 'claims.png'}")
     return 0
 
 

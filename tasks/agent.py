@@ -7,17 +7,19 @@ scores (`outcome`). The rest is here, once:
 - batched play: at every turn ONE generate call serves every live episode of every task;
 - the groups of G rollouts per task;
 - R's judgments (m per step, one call; reward_model.judge_steps);
-- evaluation (success ± its standard error; R's Process Acc where steps carry labels, Outcome Acc);
+- evaluation (success ± its standard error; R's Process Acc where steps carry labels, Outcome Acc, and
+  Theorem 1's quantities);
 - the critic feedback E reads about failed rollouts.
 """
 from __future__ import annotations
 
+from abc import abstractmethod
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 from engines import ANSWER_PREFIX, boxed, prefilled
 from records import Group, Rollout, Step, Task, stage
-from reward_model import agent_metrics, judge_steps
+from reward_model import agent_metrics, judge_steps, theorem1_metrics
 from tasks import AdapterBase, accuracy, eval_groups
 
 HISTORY = 3   # P and R see the last HISTORY actions
@@ -49,16 +51,20 @@ class AgentAdapter(AdapterBase):
     labels = True
     env_stage: str | None = None
     judge_prefix = ""
+    required = ("start", "policy_prompt", "act")   # checked at start-up (tasks.check)
 
     # — what a setting supplies —
+    @abstractmethod
     def start(self, task: Task, k: int) -> Episode:
-        raise NotImplementedError
+        """A new episode of `task`; k is its index in the group."""
 
+    @abstractmethod
     def policy_prompt(self, ep: Episode, tokenizer) -> str:
-        raise NotImplementedError
+        """P's chat-templated prompt at the episode's current state."""
 
+    @abstractmethod
     def act(self, ep: Episode, prompt: str, completion) -> None:
-        raise NotImplementedError
+        """Apply P's answer: change the state and append one Step, with the prompt R will judge it by."""
 
     def outcome(self, ep: Episode) -> float:
         """The episode's graded score; success is score > 0."""
@@ -115,10 +121,12 @@ class AgentAdapter(AdapterBase):
         for name, mine in eval_groups(self, sets, policy, rm, cfg).items():
             out |= accuracy(f"{name}/success", mine)
             if rm is not None:
-                m = agent_metrics([ro for g in mine for ro in g.rollouts])
+                rollouts = [ro for g in mine for ro in g.rollouts]
+                m = agent_metrics(rollouts)
                 if self.labels:
                     out |= {f"{name}/{k}": m[k] for k in ("process_acc", "process_majority", "process_bacc")}
                 out[f"{name}/outcome_acc"] = m["outcome_acc"]
+                out |= {f"{name}/{k}": v for k, v in theorem1_metrics(rollouts, cfg.m, self.labels).items()}
         return out
 
     # — critic feedback for E —

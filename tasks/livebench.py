@@ -17,7 +17,7 @@ Simplifications against the paper, stated up front:
 - The CPU default is LiveBench's other coding task, code completion (`--coding-task completion`):
   P is given a reference solution without its last line (in the prompt, and prefilled after
   "```python\n") and completes it. SmolLM2-135M writes almost no whole program that passes
-  (README, "Where the learning signal is"); the paper's task is `--coding-task generation`.
+  (docs/SETTINGS.md, "Where the signal is"); the paper's task is `--coding-task generation`.
 
 Every program is model-written and runs in tasks/sandbox.py.
 """
@@ -34,7 +34,7 @@ from pathlib import Path
 
 from engines import prefilled, render_chat
 from records import Group, Rollout, Step, Task, stage
-from reward_model import parse_test
+from reward_model import parse_test, theorem1_metrics
 from tasks import AdapterBase, TaskError, accuracy, chosen_sets, eval_groups
 from tasks.sandbox import RunResult, outputs_match, run_many
 
@@ -473,8 +473,9 @@ class Adapter(AdapterBase):
 
     # — evaluation: Code / UT / Detect —
     def evaluate(self, sets: dict[str, list[Task]], policy, rm, cfg) -> dict:
-        """Code (pass-all accuracy), and with R: UT and Detect, per eval set. All sets share one
-        generate call for P and one for R (bigger batches are faster)."""
+        """Code (pass-all accuracy), and with R: UT, Detect and Theorem 1's quantities (S: a program passes
+        R's test), per eval set. All sets share one generate call for P and one for R (bigger batches are
+        faster)."""
         out = {}
         for name, mine in eval_groups(self, sets, policy, rm, cfg).items():
             out |= accuracy(f"{name}/code", mine)
@@ -490,6 +491,8 @@ class Adapter(AdapterBase):
                 ok.append([t is not None for t in parsed])
             m = coding_metrics(gt_pass, passes, ok)
             out[f"{name}/ut"], out[f"{name}/detect"] = m["ut"], m["detect"]
+            out |= {f"{name}/{k}": v for k, v in
+                    theorem1_metrics([ro for g in mine for ro in g.rollouts], cfg.m, labels=False).items()}
         return out
 
     # — E: variants mode —

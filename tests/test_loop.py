@@ -115,6 +115,11 @@ def test_loop_trains_policy_and_rm_on_mixed_groups(tmp_path, monkeypatch):
             assert all(key in r and r[key] == r[key] for r in train_rows), key
     assert all(r["losses/policy_entropy"] > 0 and r["losses/policy_update_kl"] > 0 for r in train_rows)
     assert all(0 <= r["train/policy_unparseable"] <= 1 and r["train/policy_response_len"] > 0 for r in train_rows)
+    # Theorem 1's quantities on the training steps (S_j: a program passes R's test j); no step labels in coding
+    for r in train_rows:
+        assert 0 <= r["train/thm1_mu"] <= 2 and 0 <= r["train/thm1_precision"] <= 1 and 0 <= r["train/thm1_bound"] < 1
+        assert r["train/thm1_mu"] == r["train/thm1_p_plus"] + r["train/thm1_p_minus"]
+        assert "train/thm1_label_mu" not in r
     # acc 0.5 is inside [α_low, α_high]: no proposals; every slot stays at its original
     slots = json.loads((tmp_path / "mixed" / "ckpt" / "env_state.json").read_text())
     assert all(s["active"]["id"] == sid for sid, s in slots.items())

@@ -191,6 +191,27 @@ def test_rm_balance_on_worked_example():
         parse_args(["--task", "livebench", "--model", "tiny", "--rm-balance"])
 
 
+def test_rm_norm_batch_trains_unanimous_steps_by_hand():
+    """--rm-norm batch, by hand: R said −1 twice on a won rollout's step (R_τ = 1) and on a failed one's
+    (R_τ = −1). Per step (Eq. 3) both steps are unanimous: no sample. Over the batch the raw rewards
+    [−1, −1, 1, 1] have mean 0 and std 1: the won step's −1 verdicts get −1, the failed step's get +1."""
+    task = Task("t", "p", {})
+    g = Group(task, [Rollout("t", [_step([-1, -1], [_c(0), _c(1)])], 1),
+                     Rollout("t", [_step([-1, -1], [_c(2), _c(3)])], -1)])
+    rewards = [[[1.0], [-1.0]]]
+    assert rm.rm_samples([g], rewards, "steps") == []
+    batch = rm.rm_samples([g], rewards, "steps", norm="batch")
+    assert [(s.response_ids[0], s.advantage) for s in batch] == [(10, -1.0), (11, -1.0), (12, 1.0), (13, 1.0)]
+    # an unparseable verdict keeps Eq. 3's −2: raw [1, −2] and [−1, 1]; mean −0.25, deviations [1.25, −1.75,
+    # −0.75, 1.25], variance 6.75 / 4 = 1.6875, std 1.2990
+    z = rm.batch_consistency_rewards([(1.0, [1, 0]), (-1.0, [1, -1])])
+    assert z == [pytest.approx([0.9623, -1.3472], abs=1e-4), pytest.approx([-0.5774, 0.9623], abs=1e-4)]
+    assert rm.batch_consistency_rewards([(1.0, [1, 1])]) is None   # every raw reward equal
+    from config import ConfigError, parse_args
+    with pytest.raises(ConfigError, match="--rm-norm"):
+        parse_args(["--task", "livebench", "--model", "tiny", "--rm-norm", "batch"])
+
+
 def test_rm_samples_tests_kind():
     task = Task("t", "p", {})
     g = Group(task, [Rollout("t", [_step([])], 1), Rollout("t", [_step([])], -1)],
@@ -209,6 +230,37 @@ def test_coding_metrics_hand_example():
         tests_ok=[[True, True, False], [True], [True, True]])
     assert m["ut"] == pytest.approx(3 / 5)      # A: t0, t1 correct of 3; C: 1 of 2
     assert m["detect"] == pytest.approx(1 / 3)  # A only: t0
+
+
+# ── Theorem 1's quantities (reward_model.theorem1) ──
+def test_theorem1_hand_example():
+    # good steps' verdicts [+1 +1], [+1 −1]: p₊ = 3/4; bad steps' [−1 −1], [+1 0]: p₋ = 2/4 (0 is unparseable)
+    # S⁺ ∈ {1, 0}, S⁻ ∈ {−1, 0.5}: S⁺ > S⁻ in 3 of the 4 pairs; bound 1 − exp(−2 · 0.25² / 4)
+    q = rm.theorem1([[1, 1], [1, -1]], [[-1, -1], [1, 0]], m=2)
+    assert (q["p_plus"], q["p_minus"], q["mu"], q["precision"]) == (0.75, 0.5, 1.25, 0.75)
+    assert q["bound"] == pytest.approx(1 - math.exp(-2 * 0.25 ** 2 / 4)) == pytest.approx(0.030767, abs=1e-6)
+
+
+def test_theorem1_constant_and_perfect_judges():
+    constant = rm.theorem1([[-1, -1, -1]] * 4, [[-1, -1, -1]] * 6, m=3)   # a constant −1: μ = 0 + 1
+    assert (constant["mu"], constant["precision"], constant["bound"]) == (1.0, 0.0, 0.0)
+    perfect = rm.theorem1([[1, 1, 1]] * 2, [[-1, -1, -1]] * 3, m=3)
+    assert (perfect["mu"], perfect["precision"]) == (2.0, 1.0)
+    assert perfect["bound"] == pytest.approx(1 - math.exp(-3 / 4))        # μ − 1 = 1
+    wrong = rm.theorem1([[-1, -1]], [[1, 1]], m=2)                          # points the wrong way: μ = 0
+    assert (wrong["mu"], wrong["precision"], wrong["bound"]) == (0.0, 0.0, 0.0)
+    assert all(v != v for v in rm.theorem1([], [[1]], m=1).values())        # an empty class: NaN
+
+
+def test_theorem1_metrics_by_outcome_and_by_label():
+    # a won rollout whose steps are labelled +1, −1 and a failed one with a −1 step; R says +1 on every step
+    won = Rollout("t", [Step("p", [], "r", [], verdicts=[1, 1], label=1), Step("p", [], "r", [], verdicts=[1, 1], label=-1)], 1)
+    lost = Rollout("t", [Step("p", [], "r", [], verdicts=[1, -1], label=-1)], -1)
+    q = rm.theorem1_metrics([won, lost], m=2, labels=True)
+    assert (q["thm1_p_plus"], q["thm1_p_minus"], q["thm1_precision"]) == (1.0, 0.5, 1.0)   # by outcome
+    assert (q["thm1_label_p_plus"], q["thm1_label_p_minus"]) == (1.0, 0.25)                # by label
+    assert q["thm1_label_precision"] == 0.5     # S = 1 on the good step against S = 1 and 0 on the bad ones
+    assert "thm1_label_mu" not in rm.theorem1_metrics([won, lost], m=2, labels=False)
 
 
 # ── the released code's coding path (reward/llm_rl_reward.py), worked by hand ──

@@ -1,5 +1,6 @@
-"""table1.py on the tiny model: 2 rows × 2 seeds × 2 iterations, killed mid-study and resumed, then
-the table (mean ± std over seeds, per-seed values with their standard errors) and its figure."""
+"""table1.py on the tiny model: 3 rows × 2 seeds × 2 iterations, killed mid-study and resumed, then
+the table (mean ± std over seeds, per-seed values with their standard errors) and its figures. The
+stepwise row (claim 2) reads its frozen R from its seed's full cell."""
 import json
 import os
 import signal
@@ -13,7 +14,7 @@ import pytest
 import table1
 
 ROOT = Path(__file__).resolve().parent.parent
-FLAGS = ["--task", "maze", "--seeds", "2", "--rows", "grpo,full", "--model", "tiny", "--engine", "hf",
+FLAGS = ["--task", "maze", "--seeds", "2", "--rows", "grpo,full,stepwise", "--model", "tiny", "--engine", "hf",
          "--iterations", "2", "--eval-every", "0", "--tasks-per-iter", "2", "--group-size", "2", "--m", "2",
          "--max-turns", "3", "--eval-tasks", "3", "--eval-samples", "2"]
 
@@ -39,22 +40,28 @@ def test_study_resumes_after_a_kill_and_prints_table1(tmp_path):
     out, _ = proc.communicate(timeout=1200)
     assert proc.returncode == 0, out[-3000:]
     assert "grpo-s0: finished, skipped" in out and "full-s0: resuming" in out and "grpo-s1: starting" in out
-    for cell in ("grpo-s0", "full-s0", "grpo-s1", "full-s1"):
+    for cell in ("grpo-s0", "full-s0", "stepwise-s0", "grpo-s1", "full-s1", "stepwise-s1"):
         rows = [json.loads(x) for x in (runs / cell / "metrics.jsonl").read_text().splitlines()]
         assert [r["iteration"] for r in rows] == [0, 1, 2]          # the resumed cell lost and repeated nothing
+    for seed in (0, 1):   # claim 2's row: the R its seed's full cell trained, frozen; no accuracy filter
+        cfg = json.loads((runs / f"stepwise-s{seed}" / "config.json").read_text())
+        assert cfg["rm_model"] == str(runs / f"full-s{seed}" / "ckpt" / "reward_model")
+        assert (cfg["acc_lower"], cfg["acc_upper"]) == (0.0, 1.0)
     first = next(block for block in out.split("\n\n") if "| row | iteration" in block)   # Table 1, not the dynamics
     lines = [line for line in first.splitlines() if line.startswith("|")]
     head = [c.strip() for c in lines[0].strip("|").split("|")]
     assert head[:5] == ["row", "iteration", "in_domain/success", "in_domain/success_gain", "in_domain/process_acc"]
     assert "ood/success" in head and "ood/success_gain" in head
     body = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")] for line in lines[2:]}
-    assert set(body) == {"before", "grpo", "full"}
+    assert set(body) == {"before", "grpo", "full", "stepwise"}
     success = body["full"][head.index("in_domain/success")]
     assert " ± " in success and success.count("±") == 3               # mean ± std (seed 0 ± se, seed 1 ± se)
     assert body["grpo"][head.index("in_domain/process_acc")] == "-"   # grpo has no R
     gain = body["full"][head.index("in_domain/success_gain")]          # paired over the eval tasks, per seed
     assert gain.count("±") == 3 and body["before"][head.index("in_domain/success_gain")] == "-"
-    assert (runs / "table1.png").stat().st_size > 5000
+    assert (runs / "table1.png").stat().st_size > 5000 and (runs / "claims.png").stat().st_size > 5000
+    thm1 = next(block for block in out.split("\n\n") if "| row | train μ |" in block)   # Theorem 1's table
+    assert "in_domain μ, last eval" in thm1 and "| stepwise |" in thm1
     again = subprocess.run([sys.executable, str(ROOT / "table1.py"), *FLAGS, "--runs-dir", str(tmp_path),
                             "--report-only"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     tables = [x for x in out.splitlines() if x.startswith("|")]        # Table 1 and the dynamics table
@@ -62,6 +69,6 @@ def test_study_resumes_after_a_kill_and_prints_table1(tmp_path):
 
 
 def test_bad_rows_and_reserved_flags_are_refused(tmp_path):
-    for extra in (["--rows", "grpo,nope"], ["--seed", "3"], ["--name", "x"]):
+    for extra in (["--rows", "grpo,nope"], ["--seed", "3"], ["--name", "x"], ["--rows", "stepwise,full"]):
         with pytest.raises(SystemExit):
             table1.parse([*extra, "--runs-dir", str(tmp_path)])
