@@ -1,32 +1,11 @@
-"""The task interface and a registry by name (paper §4: the three settings, plus the maze).
+"""The task interface and a registry by name (paper §4: the three settings, plus the maze and the example).
 
-An adapter (one per setting, over the records of records.py) provides:
-
-    train_tasks() -> list[Task]                     the slots' original tasks
-    eval_sets() -> dict[str, list[Task]]            e.g. {"in_domain": ..., "ood": ...}; under --validation
-                                                    {"validation": ...} (`chosen_sets`)
-    rollout(tasks, G, engine, cfg, temperature=None, max_turns=None) -> list[Group]
-                                                    P plays G rollouts of each task (batched); the
-                                                    keywords override cfg's (evaluation)
-    judge(groups, engine, cfg) -> None              R fills step.verdicts / step.judgments / group.tests
-    evaluate(sets, policy, rm, cfg) -> dict         the paper's Table 1 columns for this setting
-    variant(task, direction) -> Task | None         `variants` mode of E: the next easier/harder variant
-    rewrite_prompt(root, active, direction, feedback, acc) -> str
-                                                    `generate` mode of E: E's prompt (acc: the active
-                                                    version's accuracy, None before it has one) ...
-    parse_rewrite(root, text) -> Task | None        ... and the validation of E's answer
-    feedback(group) -> str                          critic feedback for E (Eq. 4), or instead
-    summary_prompt(group, r, risky) -> str          (optional) E's prompt to summarize failed rollout r
-                                                    given R's high-risk steps; the summaries are then
-                                                    the feedback (environment.critic_feedback)
-    pop_timings() -> dict                           the seconds (and counts) the setting's own machinery
-                                                    took since the last call: sandbox, engine, browser
-    judge_kind: "steps" (R judges each step, Eq. 3) or "tests" (R writes unit tests, coding)
-    rewrite_prefix: str (optional)                  the prefilled opening of E's answer in generate mode
-    DEFAULTS (module level, optional): the setting's CPU defaults for loop.Config fields
-    REFERENCE (module level, optional): the released code's values, for --preset reference
-
-The multi-turn settings share their episode runner, evaluation and feedback: tasks/agent.py.
+A setting is a module under tasks/ with an `Adapter` class that fulfils `Setting` (below), over the records
+of records.py, and optionally module-level DEFAULTS (its CPU defaults for loop.Config fields) and REFERENCE
+(the released code's values, for --preset reference). `get` builds it and checks at start-up that it has
+every method the run will call (`check`), so a missing one is a one-line error, not a crash iterations in.
+The multi-turn settings share their episode runner, evaluation and feedback: tasks/agent.py. A worked
+example: tasks/guess.py, and docs/ADDING_A_SETTING.md.
 """
 from __future__ import annotations
 
@@ -34,8 +13,71 @@ import importlib
 import math
 import random
 import statistics
+from typing import Protocol
 
 from records import Group, Task
+
+
+class Setting(Protocol):
+    """What the loop calls on a setting's adapter. `judge_kind` is "steps" (R judges each step, Eq. 3) or
+    "tests" (R writes unit tests, coding); `rewrite_prefix`, optional, prefills E's answer in generate mode."""
+
+    judge_kind: str
+
+    def train_tasks(self) -> list[Task]:
+        """The slots' original tasks."""
+
+    def eval_sets(self) -> dict[str, list[Task]]:
+        """e.g. {"in_domain": ..., "ood": ...}; under --validation {"validation": ...} (`chosen_sets`)."""
+
+    def rollout(self, tasks: list[Task], G: int, engine, cfg, temperature: float | None = None,
+                max_turns: int | None = None) -> list[Group]:
+        """P plays G rollouts of each task (batched); the keywords override cfg's (evaluation)."""
+
+    def judge(self, groups: list[Group], engine, cfg) -> None:
+        """R fills step.verdicts and step.judgments (or group.tests, coding)."""
+
+    def evaluate(self, sets: dict[str, list[Task]], policy, rm, cfg) -> dict:
+        """The paper's Table 1 columns for this setting, per eval set."""
+
+    def pop_timings(self) -> dict:
+        """The seconds (and counts) the setting's own machinery took since the last call."""
+
+    # — E (Eq. 4): `variants` mode needs `variant`, `generate` mode `rewrite_prompt` and `parse_rewrite` —
+    def variant(self, task: Task, direction: str) -> Task | None:
+        """The next easier / harder variant of a task, or None at the end of its ladder."""
+
+    def rewrite_prompt(self, root: Task, active: Task, direction: str, feedback: str, acc: float | None = None) -> str:
+        """E's prompt for a rewrite (acc: the active version's accuracy, None before it has one) ..."""
+
+    def parse_rewrite(self, root: Task, text: str) -> Task | None:
+        """... and the validation of E's answer: the new task, or None."""
+
+    def feedback(self, group: Group) -> str:
+        """Critic feedback for E about one group (or, optional, `summary_prompt(group, r, risky)`: E's prompt
+        to summarize failed rollout r given R's high-risk steps; environment.critic_feedback)."""
+
+
+# the methods a run calls, by what it runs: always, and E's per --env-mode
+ALWAYS = ("train_tasks", "eval_sets", "rollout", "judge", "evaluate", "pop_timings")
+FOR_E = {"variants": ("variant",), "generate": ("rewrite_prompt", "parse_rewrite", "feedback")}
+
+
+def check(adapter, env_mode: str | None = None) -> None:
+    """A TaskError naming the first method the run needs that the adapter lacks: `ALWAYS`, and with E in
+    env_mode its `FOR_E` ones. A method marked abstract (tasks.agent's `start`, `policy_prompt`, `act`) and
+    not overridden counts as missing."""
+    def has(name):
+        fn = getattr(type(adapter), name, None)
+        return callable(fn) and not getattr(fn, "__isabstractmethod__", False)
+
+    wanted = [*ALWAYS, *getattr(adapter, "required", ()), *FOR_E.get(env_mode or "", ())]
+    missing = [name for name in wanted if not has(name)]
+    if missing or getattr(adapter, "judge_kind", None) not in ("steps", "tests"):
+        what = f"method {missing[0]}()" if missing else "judge_kind ('steps' or 'tests')"
+        need = f", which --env-mode {env_mode} needs" if missing and missing[0] in FOR_E.get(env_mode or "", ()) else ""
+        raise TaskError(f"{type(adapter).__module__}.{type(adapter).__name__} has no {what}{need} "
+                        "(the interface: tasks.Setting, docs/ADDING_A_SETTING.md)")
 
 
 class TaskError(Exception):
@@ -43,7 +85,7 @@ class TaskError(Exception):
 
 
 REGISTRY = {"livebench": "tasks.livebench", "alfworld": "tasks.alfworld", "osworld": "tasks.osworld",
-            "maze": "tasks.maze"}
+            "maze": "tasks.maze", "guess": "tasks.guess"}
 
 
 class AdapterBase:
@@ -122,8 +164,9 @@ def gains(before: dict, row: dict) -> dict:
 
 
 def headline(key: str) -> bool:
-    """An eval metric shown as a column: not a standard error, a per-task list or a gain."""
-    return not key.endswith(("_se", "_tasks", "_gain"))
+    """An eval metric shown as a column: not a standard error, a per-task list, a gain or Theorem 1's
+    quantities (reward_model.theorem1: a table of their own)."""
+    return not key.endswith(("_se", "_tasks", "_gain")) and "thm1_" not in key
 
 
 def defaults(name: str) -> dict:
@@ -136,8 +179,11 @@ def reference(name: str) -> dict:
     return getattr(importlib.import_module(REGISTRY[name]), "REFERENCE", {}) if name in REGISTRY else {}
 
 
-def get(name: str, cfg):
-    """The adapter for a task name."""
+def get(name: str, cfg, env_mode: str | None = None) -> Setting:
+    """The adapter for a task name, checked for every method the run needs (`check`; env_mode: E's mode
+    when the run adapts the environment)."""
     if name not in REGISTRY:
         raise TaskError(f"unknown task {name!r}; choose from: {', '.join(sorted(REGISTRY))}")
-    return importlib.import_module(REGISTRY[name]).Adapter(cfg)
+    adapter = importlib.import_module(REGISTRY[name]).Adapter(cfg)
+    check(adapter, env_mode)
+    return adapter

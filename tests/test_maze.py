@@ -1,11 +1,7 @@
 """The teaching setting (grid mazes): a scripted optimal policy wins at every level, exact step labels
 agree with the solver, bad answers cost a step, E's rewrites are solver-checked, the ladder moves,
 and 2 loop iterations per ablation on the tiny model."""
-import json
 import re
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -13,10 +9,10 @@ import pytest
 import models
 import loop
 import tasks
+from loop_cli import two_iterations
 from records import Completion
 from tasks import maze as mz
 
-ROOT = Path(__file__).resolve().parent.parent
 CFG = SimpleNamespace(max_turns=20, max_new_tokens=4, top_p=1.0, temperature=1.0, m=2, rm_temperature=1.0,
                       rm_top_p=1.0, rm_max_new_tokens=4)
 
@@ -152,14 +148,7 @@ def test_variants_move_along_the_ladder(adapter):
 @pytest.mark.slow
 @pytest.mark.parametrize("ablation", list(loop.ABLATIONS))
 def test_cli_two_iterations_each_ablation(tmp_path, ablation):
-    args = ["--task", "maze", "--model", "tiny", "--engine", "hf", "--iterations", "2", "--ablation", ablation,
-            "--tasks-per-iter", "2", "--group-size", "2", "--m", "2", "--max-turns", "3", "--rm-max-new-tokens", "8",
-            "--eval-tasks", "3", "--eval-samples", "2", "--eval-every", "0", "--runs-dir", str(tmp_path), "--name", "x"]
-    r = subprocess.run([sys.executable, str(ROOT / "loop.py"), *args], cwd=ROOT, capture_output=True, text=True,
-                       timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = [json.loads(x) for x in (tmp_path / "x" / "metrics.jsonl").read_text().splitlines()]
-    assert [row["iteration"] for row in rows] == [0, 1, 2]
+    rows = two_iterations("maze", ablation, tmp_path, "--max-turns", "3", "--eval-tasks", "3", "--eval-samples", "2",
+                          "--eval-every", "0")
     assert "eval/ood/success" in rows[0] and "eval/in_domain/success_se" in rows[-1]
     assert ("eval/in_domain/process_acc" in rows[-1]) == (ablation != "grpo")
-    assert ("env/proposed" in rows[1]) == (ablation == "full")
