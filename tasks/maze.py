@@ -32,7 +32,7 @@ from engines import ANSWER_PREFIX, last_boxed, render_chat
 from records import Step, Task
 from tasks.agent import HISTORY, AgentAdapter, Episode, parse_choice
 
-# The teaching setting's CPU defaults (each one a flag); run times are in the README. The step size was chosen on
+# The teaching setting's CPU defaults (each one a flag); run times are in docs/STUDIES.md. The step size was chosen on
 # the validation split (docs/SWEEP.md): P's and R's updates in fp32 (bf16 rounding alone moves their 1-3-token
 # answers' log-probs by ~0.1), LR 3e-6 and a trust region of KL 0.01 per update; the AdamW stays the released
 # fresh one per iteration (docs/METHOD.md, deviation 28).

@@ -137,7 +137,7 @@ class OSWorld(Backend):
         python = cfg.osworld_python
         if not python or not Path(python).exists():
             raise TaskError(f"--backend osworld needs --osworld-python: the python of desktop-env's venv "
-                            f"(got {python!r}; see the README's OSWorld section)")
+                            f"(got {python!r}; see docs/SETTINGS.md, OSWorld)")
         command = [python, str(BRIDGE), "--provider", cfg.osworld_provider] + (
             ["--path-to-vm", cfg.osworld_vm] if cfg.osworld_vm else []) + (["--screenshots"] if cfg.screenshots else [])
         super().__init__(Pool(lambda: Bridge(command, cfg.browser_timeout)))
