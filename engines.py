@@ -9,10 +9,12 @@ answers with a prefilled opening, and the nucleus (top-p) filter both engines us
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import tempfile
 import time
+import warnings
 
 import torch
 
@@ -253,6 +255,10 @@ class _VLLMServer:
             "OMP_NUM_THREADS": str(len(cores)),
         }.items():
             os.environ.setdefault(key, value)
+        # what vLLM logs while it is imported comes before its logging is set up: the same level for it, and
+        # its deprecation notices about torch internals (FutureWarning) are not the user's to act on
+        logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"].upper())
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm(\.|$)")
         from vllm import LLM
 
         if not torch.cuda.is_available():
