@@ -9,7 +9,7 @@ measures how consistent each judgment is with the outcome and its siblings:
 
     >>> consistency_rewards(-0.5, [1, 0])     # docs/METHOD.md worked example, step B·1
     [1.0, -1.0]
-    >>> test_writer_rewards([True, False], [[True, True], [False, True]])
+    >>> unit_test_rewards([True, False], [[True, True], [False, True]])
     [1.0, -1.0]
 """
 from __future__ import annotations
@@ -77,7 +77,7 @@ def batch_consistency_rewards(steps: list[tuple[float, list[int]]]) -> list[list
     return [[next(rows) for _ in row] for row in raw]
 
 
-def test_writer_rewards(gt_pass: list[bool], passes: list[list[bool]]) -> list[float] | None:
+def unit_test_rewards(gt_pass: list[bool], passes: list[list[bool]]) -> list[float] | None:
     """The coding reward of R's m generated tests (docs/METHOD.md, "coding R reward"), z-scored over the tests.
 
     gt_pass[i]: program i passes every ground-truth test (a "GT code").
@@ -209,7 +209,7 @@ def rm_samples(groups: list[Group], step_rewards: list[list[list[float]]], kind:
         if not acc_range[0] <= g.acc <= acc_range[1]:
             continue
         if kind == "tests":
-            pairs.append((g.tests, test_writer_rewards([ro.outcome > 0 for ro in g.rollouts], g.test_passes), 0.0))
+            pairs.append((g.tests, unit_test_rewards([ro.outcome > 0 for ro in g.rollouts], g.test_passes), 0.0))
         else:
             steps += [(st, r) for ro, r_row in zip(g.rollouts, rewards) for st, r in zip(ro.steps, r_row)]
     if norm == "batch":

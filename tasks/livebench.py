@@ -83,7 +83,7 @@ code (including the given signature) in one ```python code block.
 
 {problem}"""
 
-# R's prompts: it writes one unit test per sample (reward_model.test_writer_rewards scores them)
+# R's prompts: it writes one unit test per sample (reward_model.unit_test_rewards scores them)
 TEST_WRITER_PROMPT = """Write one unit test for the programming problem below: an input that a wrong
 program could get wrong, and the exact output a correct program prints for it.
 

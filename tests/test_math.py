@@ -78,7 +78,7 @@ def test_parse_verdict(text, verdict):
 
 
 # ── coding RM reward ──
-def test_test_writer_rewards_hand_example():
+def test_unit_test_rewards_hand_example():
     # programs 0,1 are GT codes; 2,3 are not. Tests:
     #  t0: correct, fails both non-GT → +2   t1: correct, fails one → +1
     #  t2: incorrect (GT 1 fails), passes 1 non-GT → −1   t3: correct, fails none → 0
@@ -89,13 +89,13 @@ def test_test_writer_rewards_hand_example():
               [False, False, False, True]]
     raw = [2.0, 1.0, -1.0, 0.0]
     mean, std = 0.5, math.sqrt(sum((r - 0.5) ** 2 for r in raw) / 4)
-    assert rm.test_writer_rewards(gt_pass, passes) == pytest.approx([(r - mean) / std for r in raw])
+    assert rm.unit_test_rewards(gt_pass, passes) == pytest.approx([(r - mean) / std for r in raw])
 
 
-def test_test_writer_rewards_no_nongt_and_none_cases():
-    assert rm.test_writer_rewards([True, True], [[True, False], [True, True]]) == [1.0, -1.0]
-    assert rm.test_writer_rewards([False, False], [[True], [False]]) is None   # no GT code: skipped
-    assert rm.test_writer_rewards([True, False], [[True, True], [True, True]]) is None  # all equal
+def test_unit_test_rewards_no_nongt_and_none_cases():
+    assert rm.unit_test_rewards([True, True], [[True, False], [True, True]]) == [1.0, -1.0]
+    assert rm.unit_test_rewards([False, False], [[True], [False]]) is None   # no GT code: skipped
+    assert rm.unit_test_rewards([True, False], [[True, True], [True, True]]) is None  # all equal
 
 
 @pytest.mark.parametrize("text,test", [
@@ -298,7 +298,7 @@ def test_reference_test_writer_reward_worked_example():
     """Programs c0 (GT code), c1-c3; tests t0 (passes c0 only) → +3, t1 (c0, c1) → +2, t2 (c1 only, wrong)
     → −1, t3 (malformed: passes nobody) → −0. z over the 4 tests: [1.2649, .6325, −1.2649, −.6325]."""
     passes = [[True, True, False, False], [False, True, True, False], [False] * 4, [False] * 4]
-    assert rm.test_writer_rewards([True, False, False, False], passes) == pytest.approx(
+    assert rm.unit_test_rewards([True, False, False, False], passes) == pytest.approx(
         [1.2649, 0.6325, -1.2649, -0.6325], abs=1e-4)
 
 
