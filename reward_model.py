@@ -64,13 +64,14 @@ def batch_consistency_rewards(steps: list[tuple[float, list[int]]]) -> list[list
     """Eq. 3 with one z-score over every judgment of the given (R_τ, verdicts) steps instead of one per step
     (--rm-norm batch, not in the paper): a step whose m judgments agree still gets its raw rewards' sign
     against the batch, so an R that has drifted to one verdict is pushed back on the steps where that verdict
-    is inconsistent with R_τ. None when every raw reward is equal.
+    is inconsistent with R_τ. None when there is no step or every raw reward is equal.
 
         >>> batch_consistency_rewards([(1.0, [-1, -1]), (-1.0, [-1, -1])])   # raw [−1, −1] and [1, 1]
         [[-1.0, -1.0], [1.0, 1.0]]
     """
     raw = [consistency_raw(r, verdicts) for r, verdicts in steps]
-    z = zscore([x for row in raw for x in row])
+    flat = [x for row in raw for x in row]
+    z = zscore(flat) if flat else None   # no step in R's accuracy band: nothing to normalize
     if z is None:
         return None
     rows = iter(z)

@@ -207,6 +207,7 @@ def test_rm_norm_batch_trains_unanimous_steps_by_hand():
     z = rm.batch_consistency_rewards([(1.0, [1, 0]), (-1.0, [1, -1])])
     assert z == [pytest.approx([0.9623, -1.3472], abs=1e-4), pytest.approx([-0.5774, 0.9623], abs=1e-4)]
     assert rm.batch_consistency_rewards([(1.0, [1, 1])]) is None   # every raw reward equal
+    assert rm.batch_consistency_rewards([]) is None and rm.rm_samples([], [], "steps", norm="batch") == []
     from config import ConfigError, parse_args
     with pytest.raises(ConfigError, match="--rm-norm"):
         parse_args(["--task", "livebench", "--model", "tiny", "--rm-norm", "batch"])
