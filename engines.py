@@ -8,10 +8,12 @@ answers with a prefilled opening, and the nucleus (top-p) filter both engines us
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
+import sys
 import tempfile
 import time
 import warnings
@@ -269,9 +271,10 @@ class _VLLMServer:
         # ("external_launcher", TRL's colocate mode); ranks sample different streams (seed + rank).
         ranks = {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1} \
             if dist.active() else {}
-        self.llm = LLM(model=self.folder.name, load_format="dummy", skip_tokenizer_init=True, dtype=dtype,
-                       max_model_len=max_model_len, seed=seed + dist.rank(),
-                       gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True, **ranks)
+        with _without_c_notice(_NUMA_NOTICE):
+            self.llm = LLM(model=self.folder.name, load_format="dummy", skip_tokenizer_init=True, dtype=dtype,
+                           max_model_len=max_model_len, seed=seed + dist.rank(),
+                           gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True, **ranks)
         self.holder = None          # the engine whose weights are loaded now
         self.sync_seconds = 0.0     # total time spent copying weights in, for the loop's timings
 
@@ -283,6 +286,31 @@ class _VLLMServer:
         self.llm.reset_prefix_cache()
         self.holder = engine
         self.sync_seconds += time.perf_counter() - t0
+
+
+# The CPU build binds its memory to one NUMA node and says so with a C++ warning on every start, a notice
+# with nothing for the user to do; C++ writes it straight to file descriptor 2, past Python's filters.
+_NUMA_NOTICE = re.compile(r"Warning: NUMA binding: Using MEMBIND policy")
+
+
+@contextlib.contextmanager
+def _without_c_notice(notice: re.Pattern):
+    """Run the block with file descriptor 2 (stderr, C++ writes included) caught, then write back every
+    line but those matching `notice`: other warnings and errors still reach the user, in order."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            lines = caught.read().decode(errors="replace").splitlines(keepends=True)
+            sys.stderr.write("".join(line for line in lines if not notice.search(line)))
+            sys.stderr.flush()
 
 
 class VLLMEngine:

@@ -49,7 +49,8 @@ class LogProbs(torch.nn.Module):
         """[B, L-1] log-probs. With entropy_at, a [B, L-1] bool mask (the response tokens), also the
         [B, L-1] entropy of π at those positions (0 elsewhere; no gradient), from the same chunked logits."""
         with amp_context(amp):
-            hidden = self.model.get_decoder()(input_ids=input_ids, attention_mask=attention).last_hidden_state
+            hidden = self.model.get_decoder()(input_ids=input_ids, attention_mask=attention,
+                                             use_cache=False).last_hidden_state  # no KV cache in training
         hidden, targets = hidden[:, :-1], input_ids[:, 1:]  # [B, L-1, H], [B, L-1]
         head = self.model.get_output_embeddings()
 
