@@ -109,11 +109,11 @@ def unshard(mine: list) -> list:
     return [parts[i % len(parts)][i // len(parts)] for i in range(sum(map(len, parts)))]
 
 
-def on_rank0(fn):
-    """fn() computed on rank 0 only, its result sent to every rank (decisions that must agree: E's)."""
+def broadcast(obj):
+    """Rank 0's `obj` on every rank (decisions that must agree: E's); `obj` itself in one process."""
     if not active():
-        return fn()
-    box = [fn() if rank() == 0 else None]
+        return obj
+    box = [obj]
     td.broadcast_object_list(box, src=0)
     return box[0]
 
@@ -174,6 +174,42 @@ def load_optimizer(model, optimizer, folder) -> bool:
     load(state, checkpoint_id=str(folder))
     set_optimizer_state_dict(model, optimizer, state["optimizer"])
     return True
+
+
+class Lockstep:
+    """The rank plumbing of one Eq. 5 update (ppo.ppo_update), so that the update itself reads as Eq. 5.
+
+    Under torchrun FSDP2 runs collectives inside every forward and backward pass, so every rank must run
+    as many passes as the busiest one: `batches` pads a rank's micro-batches with zero-weight blanks
+    (key None). FSDP2 averages the gradients over the ranks, so `backward` scales the loss by the world
+    size, and the mini-batch mean divides by every rank's sequences (`sequences`). In one process the
+    blanks never occur, the scale is 1 and the sums are local.
+
+    micro: this rank's micro-batches (lists of samples); collate(list) → a batch; blank: a one-sample
+    list whose batch trains nothing."""
+
+    def __init__(self, micro: list[list], collate, blank: list):
+        self.micro, self.collate, self.blank = micro, collate, blank
+
+    def batches(self, keys: list[int]):
+        """(key, batch) for each micro-batch key, then (None, blank batch) up to the busiest rank's count."""
+        for k in keys + [None] * (all_max(len(keys)) - len(keys)):
+            yield k, self.collate(self.micro[k] if k is not None else self.blank)
+
+    def sequences(self, keys: list[int]) -> int:
+        """The sequences in these micro-batches, summed over every rank."""
+        return int(all_sum(sum(len(self.micro[k]) for k in keys)))
+
+    @staticmethod
+    def backward(per_seq, key, n_seq: int) -> None:
+        """Backward of this micro-batch's share of the mini-batch mean, Σ per_seq / n_seq (per_seq: [b]);
+        a blank's loss is multiplied by 0 but still runs backward, for the collectives."""
+        if key is None:
+            per_seq = per_seq * 0.0
+        (per_seq.sum() * world_size() / n_seq).backward()
+
+    sum = staticmethod(all_sum)
+    reshard = staticmethod(reshard)
 
 
 class Synced:

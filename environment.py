@@ -7,9 +7,10 @@ iteration, a slot whose active accuracy is ≥ α_high asks E for a harder versi
 with accuracy ≤ α_low for an easier one. A valid proposal is rolled out in the next
 iteration and accepted only if its accuracy a′ moved the right way (Eq. 4):
 
-    >>> direction(1.0), direction(0.5), direction(0.0)
+    >>> band = dict(low=0.2, high=0.8)                      # α_low, α_high (--alpha-low, --alpha-high)
+    >>> direction(1.0, **band), direction(0.5, **band), direction(0.0, **band)
     ('harder', None, 'easier')
-    >>> accept("harder", 1.0, 0.5), accept("harder", 1.0, 0.0), accept("easier", 0.0, 0.25)
+    >>> accept("harder", 1.0, 0.5, **band), accept("harder", 1.0, 0.0, **band), accept("easier", 0.0, 0.25, **band)
     (True, False, True)
 
 Two ways to make a rewrite, one interface (`propose`):
@@ -29,16 +30,15 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from engines import ANSWER_PREFIX, last_boxed, prefilled, render_chat
-from records import Group, Task
+from records import Group, Sampling, Task
 
-ALPHA_LOW, ALPHA_HIGH = 0.2, 0.8
 SUMMARY_MAX_NEW_TOKENS = 96  # E's failure summaries (CPU scale; the released E writes up to 8192 tokens, reasoning included)
 
 
-def direction(acc: float, low: float = ALPHA_LOW, high: float = ALPHA_HIGH) -> str | None:
+def direction(acc: float, low: float, high: float) -> str | None:
     """Eq. 4 trigger: "harder" when acc ≥ high, "easier" when acc ≤ low, else None."""
     if acc >= high:
         return "harder"
@@ -47,7 +47,7 @@ def direction(acc: float, low: float = ALPHA_LOW, high: float = ALPHA_HIGH) -> s
     return None
 
 
-def accept(direction: str, acc_prev: float, acc_new: float, low: float = ALPHA_LOW, high: float = ALPHA_HIGH) -> bool:
+def accept(direction: str, acc_prev: float, acc_new: float, low: float, high: float) -> bool:
     """Eq. 4 acceptance of a rewrite with accuracy acc_new, proposed when the active version had acc_prev.
     harder: 0 < a′ < a and a′ ≥ α_low.  easier: 0 < a′, a′ > a and a′ ≤ α_high."""
     if direction == "harder":
@@ -95,20 +95,21 @@ def _risky_text(group: Group, limit: int = 3) -> str:
     return "Steps of failed rollouts the reward model judged bad in every sample:\n" + "\n".join(lines) if lines else ""
 
 
-def critic_feedback(groups: list[Group], adapter, engine=None, *, temperature: float = 0.8, top_p: float = 0.95,
-                    max_new_tokens: int = SUMMARY_MAX_NEW_TOKENS) -> list[str]:
+def critic_feedback(groups: list[Group], adapter, engine=None, sampling: Sampling | None = None) -> list[str]:
     """What E is told about each group's task (Eq. 4's critic feedback), one text per group.
 
     Adapters with `summary_prompt` (ALFWorld): E first summarizes each failed rollout in at most two
-    sentences, from its trajectory and R's high-risk step indices, all in ONE generate call; the
+    sentences (E's `sampling`, at most SUMMARY_MAX_NEW_TOKENS), from its trajectory and R's high-risk
+    step indices, all in ONE generate call; the
     feedback is those summaries. Otherwise: the adapter's `feedback(group)` (coding: GT and generated
     tests with their pass rates) plus R's high-risk steps of failed rollouts.
     """
     if engine is None or not hasattr(adapter, "summary_prompt"):
         return ["\n".join(p for p in (adapter.feedback(g), _risky_text(g)) if p) for g in groups]
     jobs = [(i, r, adapter.summary_prompt(g, r, steps)) for i, g in enumerate(groups) for r, steps in high_risk_steps(g)]
+    summary = replace(sampling, max_new_tokens=SUMMARY_MAX_NEW_TOKENS)
     outs = prefilled(engine, [render_chat(engine.tokenizer, p) for _, _, p in jobs], ANSWER_PREFIX, n=1,
-                     temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, desc="E summarizes")
+                     **asdict(summary), desc="E summarizes")
     lines = [[] for _ in groups]
     for (i, r, _), (c,) in zip(jobs, outs):
         lines[i].append(f"- Rollout {r}: {boxed_text(c.text) or '(no summary)'}")
@@ -122,8 +123,8 @@ def boxed_text(text: str, limit: int = 400) -> str:
     return " ".join(sentences[:2])[:limit]
 
 
-def propose(requests: list[tuple[Slot, str, str]], adapter, mode: str, engine=None, *, retries: int = 4,
-            temperature: float = 0.8, top_p: float = 0.95, max_new_tokens: int = 768) -> list[tuple[Task | None, int]]:
+def propose(requests: list[tuple[Slot, str, str]], adapter, mode: str, engine=None, sampling: Sampling | None = None,
+            *, retries: int) -> list[tuple[Task | None, int]]:
     """One proposal per (slot, direction, feedback): (task or None, tries used).
 
     generate mode: E's N = `retries` tries for every request are sampled in ONE generate call
@@ -136,8 +137,8 @@ def propose(requests: list[tuple[Slot, str, str]], adapter, mode: str, engine=No
         raise ValueError(f"unknown environment mode {mode!r}")
     prompts = [render_chat(engine.tokenizer, adapter.rewrite_prompt(slot.root, slot.active, d, feedback, slot.acc))
                for slot, d, feedback in requests]
-    outs = prefilled(engine, prompts, getattr(adapter, "rewrite_prefix", ""), n=retries, temperature=temperature,
-                     top_p=top_p, max_new_tokens=max_new_tokens, desc="E proposes")
+    outs = prefilled(engine, prompts, getattr(adapter, "rewrite_prefix", ""), n=retries, **asdict(sampling),
+                     desc="E proposes")
     result = []
     for (slot, _, _), tries in zip(requests, outs):
         for attempt, out in enumerate(tries, start=1):
@@ -148,17 +149,18 @@ def propose(requests: list[tuple[Slot, str, str]], adapter, mode: str, engine=No
     return result
 
 
-def update(slots: dict[str, Slot], picked: list[tuple[str, Task]], groups: list[Group], adapter, mode: str,
-           engine=None, *, low: float = ALPHA_LOW, high: float = ALPHA_HIGH, retries: int = 4,
-           temperature: float = 0.8, top_p: float = 0.95, max_new_tokens: int = 768,
-           iteration: int = 0) -> tuple[list[Group], dict]:
-    """docs/METHOD.md, step 4: decide the pending rewrites from their fresh accuracy, then propose new
-    rewrites for the active slots outside [low, high]. A slot whose pending rewrite is decided this
-    iteration gets no new proposal until the next one (released code). Returns the groups that join
-    this iteration's training data (active versions + accepted rewrites) and counts for the log, with the
-    paper's Figure 1 view of E (claim 3): accepted_acc, the mean a′ of the rewrites accepted now, and
-    rewritten_acc, the accuracy of the active versions that are earlier accepted rewrites (NaN where none)."""
-    stats = {"accepted": 0, "rejected": 0, "proposed": 0, "failed": 0, "e_tries": 0}
+def decide(slots: dict[str, Slot], picked: list[tuple[str, Task]], groups: list[Group], *, low: float,
+           high: float) -> tuple[list[Group], list[tuple[Slot, str, Group]], dict]:
+    """docs/METHOD.md, step 4a: Eq. 4 for the pending rewrites rolled out this iteration, from their fresh
+    accuracy, and Eq. 4's trigger for the active versions. A slot whose pending rewrite is decided now asks
+    for nothing until the next iteration (released code).
+
+    Returns (the groups that join this iteration's training data: active versions + accepted rewrites;
+    the slots that ask E for a rewrite, as (slot, "harder" | "easier", its group); counts for the log,
+    with the paper's Figure 1 view of E (claim 3): accepted_acc, the mean a′ of the rewrites accepted
+    now, and rewritten_acc, the accuracy of the active versions that are earlier accepted rewrites;
+    NaN where none)."""
+    stats = {"accepted": 0, "rejected": 0}
     train, asking, accepted_accs, rewritten_accs = [], [], [], []
     for (sid, task), g in zip(picked, groups):
         slot = slots[sid]
@@ -179,12 +181,21 @@ def update(slots: dict[str, Slot], picked: list[tuple[str, Task]], groups: list[
                 rewritten_accs.append(g.acc)
             if d := direction(g.acc, low, high):
                 asking.append((slot, d, g))
-    feedback = (critic_feedback([g for _, _, g in asking], adapter, engine, temperature=temperature, top_p=top_p)
+    stats["accepted_acc"], stats["rewritten_acc"] = _mean(accepted_accs), _mean(rewritten_accs)
+    return train, asking, stats
+
+
+def propose_rewrites(asking: list[tuple[Slot, str, Group]], adapter, mode: str, engine=None,
+                     sampling: Sampling | None = None, *, retries: int, iteration: int) -> dict:
+    """docs/METHOD.md, step 4b: for each slot that asks (`decide`), E's rewrite from the critic feedback
+    on its group; a valid one becomes the slot's pending rewrite, rolled out in the next iteration.
+    engine and sampling: E's, in generate mode. Returns counts for the log: proposed, failed (no valid
+    rewrite in `retries` tries) and e_tries (the tries used)."""
+    stats = {"proposed": 0, "failed": 0, "e_tries": 0}
+    feedback = (critic_feedback([g for _, _, g in asking], adapter, engine, sampling)
                 if mode == "generate" else [""] * len(asking))  # variants mode reads no feedback
     requests = [(slot, d, fb) for (slot, d, _), fb in zip(asking, feedback)]
-    for (slot, d, _), (task, tries) in zip(requests, propose(requests, adapter, mode, engine, retries=retries,
-                                                             temperature=temperature, top_p=top_p,
-                                                             max_new_tokens=max_new_tokens)):
+    for (slot, d, _), (task, tries) in zip(requests, propose(requests, adapter, mode, engine, sampling, retries=retries)):
         stats["e_tries"] += tries
         if task is None:
             stats["failed"] += 1
@@ -193,8 +204,7 @@ def update(slots: dict[str, Slot], picked: list[tuple[str, Task]], groups: list[
             task.id = f"{slot.root.id}~gen{iteration}"
         slot.pending, slot.pending_direction, slot.pending_from_acc = task, d, slot.acc
         stats["proposed"] += 1
-    stats["accepted_acc"], stats["rewritten_acc"] = _mean(accepted_accs), _mean(rewritten_accs)
-    return train, stats
+    return stats
 
 
 def _mean(xs: list[float]) -> float:

@@ -41,9 +41,9 @@ import tasks
 from config import ABLATIONS, Config, ConfigError, check_distributed, parse_args
 from engines import make_engines, sync_seconds
 from models import ModelError, add_lora, load, seed_everything
-from ppo import LogProbs, load_optimizer, make_optimizer, ppo_update
-from records import stage
-from rundir import Run
+from ppo import LogProbs, make_optimizer, ppo_update
+from records import Sampling, stage
+from rundir import Run, load_optimizer
 from tasks import sandbox
 
 __all__ = ["ABLATIONS", "Config", "ConfigError", "parse_args", "train", "main"]
@@ -76,16 +76,19 @@ def train(cfg: Config) -> Path:
             train_groups, env_stats = [g for g, a in zip(groups, is_active) if a], {}
             if adapt_env:
                 with stage(timings, "environment"):
-                    slots, train_groups, env_stats = dist.on_rank0(lambda: (slots, *env.update(
-                        slots, picked, groups, adapter, cfg.env_mode, engines.get("environment"), low=cfg.alpha_low,
-                        high=cfg.alpha_high, retries=cfg.env_retries, temperature=cfg.env_temperature,
-                        top_p=cfg.env_top_p, max_new_tokens=cfg.env_max_new_tokens, iteration=it)))
-            # 5. policy samples (Eq. 1-2) and reward-model samples (Eq. 3), from this rank's share of the groups
+                    if dist.rank() == 0:   # E decides once; every rank gets its decisions on the next line
+                        train_groups, asking, env_stats = env.decide(slots, picked, groups, low=cfg.alpha_low,
+                                                                     high=cfg.alpha_high)
+                        env_stats |= env.propose_rewrites(asking, adapter, cfg.env_mode, engines.get("environment"),
+                                                          env_sampling(cfg), retries=cfg.env_retries, iteration=it)
+                    slots, train_groups, env_stats = dist.broadcast((slots, train_groups, env_stats))
+            # 5. Eq. 1-2 on every step, then P's samples and R's (Eq. 3), from this rank's share of the groups
             train_groups = dist.shard_tasks(train_groups)
-            p_samples, step_rewards = policy.policy_samples(
-                train_groups, cfg.lam, not cfg.zero_single, "stepwise" if cfg.ablation == "stepwise" else cfg.coding_reward,
-                (cfg.acc_lower, cfg.acc_upper), cfg.drop_zero_adv)
-            r_samples = reward_model.rm_samples(train_groups, step_rewards, adapter.judge_kind, drop_zero=cfg.drop_zero_adv,
+            policy.score_steps(train_groups, lam=cfg.lam, keep_single=not cfg.zero_single,
+                               reward="stepwise" if cfg.ablation == "stepwise" else cfg.coding_reward)
+            p_samples = policy.policy_samples(train_groups, acc_range=(cfg.acc_lower, cfg.acc_upper),
+                                              drop_zero=cfg.drop_zero_adv)
+            r_samples = reward_model.rm_samples(train_groups, adapter.judge_kind, drop_zero=cfg.drop_zero_adv,
                                                 balance=cfg.rm_balance, norm=cfg.rm_norm) if train_rm else []
             # 6. update P, then R (Eq. 5)
             with stage(timings, "train_policy"):
@@ -105,6 +108,11 @@ def train(cfg: Config) -> Path:
             if run.writer:
                 print(summary(it, row | timings), flush=True)
     return run.dir
+
+
+def env_sampling(cfg: Config) -> Sampling:
+    """How E samples its summaries and rewrites (generate mode)."""
+    return Sampling(cfg.env_temperature, cfg.env_top_p, cfg.env_max_new_tokens)
 
 
 def eval_due(cfg: Config, it: int) -> bool:

@@ -16,10 +16,8 @@ import statistics
 
 from records import Group, Sample
 
-POLICY_ACC_RANGE = (1 / 8, 7 / 8)  # tasks outside it are left out of policy training (ALFWorld's; each setting sets its own)
 
-
-def integrated_reward(outcome: int, verdicts: list[int], lam: float = 1.0) -> float:
+def integrated_reward(outcome: int, verdicts: list[int], lam: float) -> float:
     """Eq. 1: R_{τ_i} = O_τ + (λ/m) Σ_j S_{τ_i,j}. An unparseable verdict is 0 and still counts in m."""
     if not verdicts:
         return float(outcome)
@@ -54,20 +52,15 @@ def step_advantages(rewards: list[list[float]], keep_single: bool = True) -> lis
     return adv
 
 
-def policy_samples(groups: list[Group], lam: float = 1.0, keep_single: bool = True, reward: str = "integrated",
-                   acc_range: tuple[float, float] = POLICY_ACC_RANGE,
-                   drop_zero: bool = True) -> tuple[list[Sample], list[list[list[float]]]]:
-    """Eq. 1 → Eq. 2 → samples, and every step's reward R_{τ_i} ([group][rollout][step]), which R's
-    consistency reward (Eq. 3) needs. Also records step.reward and step.advantage, for the logs.
+def score_steps(groups: list[Group], *, lam: float, keep_single: bool, reward: str) -> None:
+    """Eq. 1 → Eq. 2 on every step of every group: step.reward is R_{τ_i}, which R's consistency reward
+    (Eq. 3) reads too, and step.advantage its z-score over the group (Eq. 2).
 
-    reward="reference" uses the rollout's graded score (coding: the share of GT tests passed, as the
-    released code does) instead of Eq. 1; z-scored over the group like any single-step reward.
-    reward="stepwise" (the paper's claim 2, Figure 1) drops the outcome from Eq. 1: R_{τ_i} = (λ/m) Σ_j S_{τ_i,j}.
-    Tasks whose acc lies outside acc_range are left out. Steps with advantage 0 are dropped when
-    drop_zero (the released code drops them in ALFWorld and OSWorld and keeps them in coding, where
-    they still count in the loss's batch mean and its KL term).
+    reward="integrated": Eq. 1, R_{τ_i} = O_τ + (λ/m) Σ_j S_{τ_i,j}.
+    reward="reference": the rollout's graded score (coding: the share of GT tests passed, as the released
+    code does) instead of Eq. 1; z-scored over the group like any single-step reward.
+    reward="stepwise" (the paper's claim 2, Figure 1): Eq. 1 without the outcome, R_{τ_i} = (λ/m) Σ_j S_{τ_i,j}.
     """
-    samples, step_rewards = [], []
     for g in groups:
         rewards = [[ro.score if reward == "reference" else                                                   # Eq. 1
                     integrated_reward(0 if reward == "stepwise" else ro.outcome, st.verdicts, lam)
@@ -76,9 +69,13 @@ def policy_samples(groups: list[Group], lam: float = 1.0, keep_single: bool = Tr
         for ro, r_row, a_row in zip(g.rollouts, rewards, adv):
             for st, r, a in zip(ro.steps, r_row, a_row):
                 st.reward, st.advantage = r, a
-        step_rewards.append(rewards)
-        if not acc_range[0] <= g.acc <= acc_range[1]:
-            continue
-        samples += [Sample(st.prompt_ids, st.response_ids, st.advantage)
-                    for ro in g.rollouts for st in ro.steps if st.response_ids and not (drop_zero and st.advantage == 0)]
-    return samples, step_rewards
+
+
+def policy_samples(groups: list[Group], *, acc_range: tuple[float, float], drop_zero: bool) -> list[Sample]:
+    """P's training samples: one per step, with the step's advantage (set by `score_steps`).
+    Tasks whose acc lies outside acc_range are left out. Steps with advantage 0 are dropped when
+    drop_zero (the released code drops them in ALFWorld and OSWorld and keeps them in coding, where
+    they still count in the loss's batch mean and its KL term)."""
+    return [Sample(st.prompt_ids, st.response_ids, st.advantage)
+            for g in groups if acc_range[0] <= g.acc <= acc_range[1]
+            for ro in g.rollouts for st in ro.steps if st.response_ids and not (drop_zero and st.advantage == 0)]

@@ -2,15 +2,14 @@
 
 The token log-probs are computed in sequence chunks (the [B, L, V] logits never exist at once),
 under bf16 autocast where bf16 is native; the optimizer is AdamW with a constant learning rate.
-Under torchrun (dist.py) each rank updates on its own samples; the loss is averaged over every
-rank's sequences and ranks with fewer micro-batches run zero-weight ones, so all ranks take the
-same steps. Without torchrun those lines change nothing.
+Under torchrun each rank updates on its own samples; `dist.Lockstep` keeps the ranks in step (the
+loss is averaged over every rank's sequences, and ranks with fewer micro-batches run zero-weight
+ones). Without torchrun it changes nothing.
 """
 from __future__ import annotations
 
 import math
 import random
-from pathlib import Path
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -39,7 +38,7 @@ class LogProbs(torch.nn.Module):
 
     The vocabulary projection runs in sequence chunks under activation checkpointing, so the full
     [B, L, V] fp32 logits never sit in memory at once. A module, not a function, so that FSDP2 can
-    wrap it as the root: every forward then passes through the root's hooks (dist.shard)."""
+    wrap it as the root: every forward then passes through the root's hooks (dist.py's `shard`)."""
 
     def __init__(self, model, chunk: int = 256):
         super().__init__()
@@ -140,23 +139,17 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
     means over every trained token of every rank (one more forward pass): how far the whole update moved
     π, whatever `steps` is; step_scale, the α kept (1 without a line search).
     """
-    if not dist.all_sum(len(samples)):
-        return {}
     lp = model if isinstance(model, LogProbs) else LogProbs(model)
     device = next(lp.parameters()).device
     samples = sorted(samples, key=lambda s: len(s.prompt_ids) + len(s.response_ids))  # similar lengths: less padding
     micro = [samples[i:i + micro_batch] for i in range(0, len(samples), micro_batch)]
+    ranks = dist.Lockstep(micro, lambda batch: _collate(batch, pad_id, device), blank=[Sample([pad_id], [pad_id], 0.0)])
+    if not ranks.sum(len(samples)):
+        return {}
     order = list(range(len(micro)))
     random.Random(seed).shuffle(order)
     per_step = [order[s::steps] for s in range(steps)]   # `steps` mini-batches of micro-batches
     stats = {"loss": [], "clipfrac": [], "kl": [], "entropy": [], "grad_norm": []}
-
-    def batches(keys):
-        """(key, collated micro-batch) for `keys`, padded with zero-weight blanks (key None) so that every
-        rank runs as many forward passes as the busiest one (dist: FSDP2's collectives)."""
-        blank = [Sample([pad_id], [pad_id], 0.0)]
-        for k in keys + [None] * (dist.all_max(len(keys)) - len(keys)):
-            yield k, _collate(micro[k] if k is not None else blank, pad_id, device)
 
     def record(name, values, mask):
         stats[name].append(((values * mask).sum() / mask.sum().clamp(min=1)).item())
@@ -166,26 +159,23 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
     start = [p.detach().clone() for p in params] if target_kl else []   # θ_old, for the line search
     with torch.no_grad():  # π_old for the micro-batches that train after the first optimizer step; for the
         old = {}           # first mini-batch π_old = π_θ, so its own forward pass gives it (one pass saved)
-        for k, (ids, att, mask, _) in batches([k for group in per_step[1:] for k in group]):
+        for k, (ids, att, mask, _) in ranks.batches([k for group in per_step[1:] for k in group]):
             old[k], ent = lp(ids, att, amp=amp, entropy_at=mask.bool())  # [b, L-1] each
             if k is not None:
                 record("entropy", ent, mask)
     for group in per_step:
-        n_seq = dist.all_sum(sum(len(micro[k]) for k in group))   # the mini-batch's sequences, every rank's
+        n_seq = ranks.sequences(group)
         if not n_seq:
             continue
         optimizer.zero_grad(set_to_none=True)
-        for k, (ids, att, mask, adv) in batches(group):
+        for k, (ids, att, mask, adv) in ranks.batches(group):
             on_policy = k not in old
             logp, ent = lp(ids, att, amp=amp, entropy_at=mask.bool()) if on_policy else (lp(ids, att, amp=amp), None)
             if on_policy:
                 old[k] = logp.detach()                                                # [b, L-1] π_old = π_θ
             pg, kl, ratio = token_loss(logp, old[k], adv, clip_eps, log_ratio_clamp)  # [b, L-1] each
             per_seq = ((pg + kl_beta * kl) * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [b] token-mean
-            if k is None:
-                per_seq = per_seq * 0.0
-            # mean over the mini-batch (FSDP2 averages the gradients over the ranks: × world size)
-            (per_seq.sum() * dist.world_size() / n_seq).backward()
+            ranks.backward(per_seq, k, n_seq)                                         # mean over the mini-batch
             if k is None:
                 continue
             with torch.no_grad():
@@ -202,16 +192,16 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
     def update_size() -> tuple[float, float]:
         """(KL, clip fraction) of π now against π_old: token means over every trained token of every rank."""
         kl_sum = clip_sum = tokens = 0.0
-        dist.reshard(lp)         # the line search moves the shards in place: gather them afresh
-        for k, (ids, att, mask, adv) in batches([k for group in per_step for k in group]):
+        ranks.reshard(lp)        # the line search moves the shards in place: gather them afresh
+        for k, (ids, att, mask, adv) in ranks.batches([k for group in per_step for k in group]):
             logp = lp(ids, att, amp=amp)                                              # [b, L-1]
             if k is not None:
                 _, kl, ratio = token_loss(logp, old[k], adv, clip_eps, log_ratio_clamp)
                 kl_sum += (kl * mask).sum().item()
                 clip_sum += (clipped(ratio, clip_eps) * mask).sum().item()
                 tokens += mask.sum().item()
-        tokens = max(dist.all_sum(tokens), 1)
-        return dist.all_sum(kl_sum) / tokens, dist.all_sum(clip_sum) / tokens
+        tokens = max(ranks.sum(tokens), 1)
+        return ranks.sum(kl_sum) / tokens, ranks.sum(clip_sum) / tokens
 
     alpha, kl, clip = 1.0, *update_size()
     if target_kl and kl > target_kl:
@@ -267,14 +257,3 @@ def warm_up(optimizer, warmup_steps: int) -> None:
 def make_optimizer(model, lr: float):
     """AdamW with a constant learning rate (Eq. 5); `warm_up` may ramp its first steps."""
     return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
-
-
-def load_optimizer(optimizer, path: str | Path, model=None) -> bool:
-    """The optimizer state saved next to a checkpoint (optimizer.pt; under torchrun the sharded
-    optimizer/ folder, dist.save_optimizer); False when there is none."""
-    file = Path(path) / "optimizer.pt"
-    if file.exists() and not dist.active():
-        optimizer.load_state_dict(torch.load(file, weights_only=True))
-        return True
-    root = model if isinstance(model, LogProbs) else LogProbs(model)   # the names the shards were saved under
-    return dist.load_optimizer(root, optimizer, Path(path) / "optimizer")

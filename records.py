@@ -21,6 +21,14 @@ class Task:
     origin: str | None = None      # how it came to be: "original", "variant", "generated"
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How an engine samples: `generate`'s keyword arguments besides the prompts, n and desc."""
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+
+
 @dataclass
 class Completion:
     """One sampled continuation: the text, its token ids and why it stopped."""

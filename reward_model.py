@@ -190,11 +190,10 @@ def theorem1_metrics(rollouts, m: int, labels: bool) -> dict:
     return out
 
 
-def rm_samples(groups: list[Group], step_rewards: list[list[list[float]]], kind: str,
-               acc_range: tuple[float, float] = RM_ACC_RANGE, drop_zero: bool = True,
-               balance: bool = False, norm: str = "step") -> list[Sample]:
-    """Training samples for R from one iteration. step_rewards[g][r][k] is step k's reward R_{τ_i} in
-    rollout r of group g (what policy.policy_samples returns).
+def rm_samples(groups: list[Group], kind: str, *, acc_range: tuple[float, float] = RM_ACC_RANGE,
+               drop_zero: bool, balance: bool, norm: str) -> list[Sample]:
+    """Training samples for R from one iteration. Eq. 3 reads each step's reward R_{τ_i}, step.reward
+    (set by policy.score_steps).
 
     Only tasks with acc in acc_range feed R, in every setting (released code: [0.2, 0.8]): a task with
     no success or no failure gives R nothing to be consistent with.
@@ -206,13 +205,13 @@ def rm_samples(groups: list[Group], step_rewards: list[list[list[float]]], kind:
     (not in the paper, --rm-norm batch: `batch_consistency_rewards`).
     """
     pairs, steps = [], []   # (R's m outputs for one step or task, their rewards, the step's R_τ); (step, R_τ)
-    for g, rewards in zip(groups, step_rewards):
+    for g in groups:
         if not acc_range[0] <= g.acc <= acc_range[1]:
             continue
         if kind == "tests":
             pairs.append((g.tests, unit_test_rewards([ro.outcome > 0 for ro in g.rollouts], g.test_passes), 0.0))
         else:
-            steps += [(st, r) for ro, r_row in zip(g.rollouts, rewards) for st, r in zip(ro.steps, r_row)]
+            steps += [(st, st.reward) for ro in g.rollouts for st in ro.steps]
     if norm == "batch":
         advs = batch_consistency_rewards([(r, st.verdicts) for st, r in steps]) or [None] * len(steps)
     else:

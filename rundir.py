@@ -12,11 +12,14 @@ import shutil
 import time
 from pathlib import Path
 
+import torch
+
 import dist
 import environment as env
 import tasks
 from config import Config, ConfigError
 from models import machine, save
+from ppo import LogProbs
 from records import stage
 
 class Run:
@@ -243,3 +246,14 @@ def write_samples(groups, path: Path, limit: int = 4) -> None:
         for k, t in enumerate(g.tests):
             lines += [f"--- R's test {k}", t.text.strip()]
     path.write_text("\n".join(lines) + "\n")
+
+
+def load_optimizer(optimizer, path: str | Path, model=None) -> bool:
+    """The optimizer state saved next to a checkpoint (optimizer.pt; under torchrun the sharded
+    optimizer/ folder, dist.save_optimizer); False when there is none."""
+    file = Path(path) / "optimizer.pt"
+    if file.exists() and not dist.active():
+        optimizer.load_state_dict(torch.load(file, weights_only=True))
+        return True
+    root = model if isinstance(model, LogProbs) else LogProbs(model)   # the names the shards were saved under
+    return dist.load_optimizer(root, optimizer, Path(path) / "optimizer")

@@ -12,8 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 import environment as env
-from records import Completion
-from records import Group, Rollout, Step
+from records import Completion, Group, Rollout, Sampling, Step
 from tasks import TaskError
 from tasks.livebench import (Adapter, compiles, extract_code, given_lines, load_builtin, load_humaneval, load_livebench,
                              run_gt, run_tests)
@@ -238,15 +237,18 @@ def test_judge_sets_verdicts_from_generated_tests():
     assert fb in prompt
 
 
+E_SAMPLING = Sampling(temperature=0.8, top_p=0.95, max_new_tokens=64)
+
+
 def test_generate_mode_takes_first_valid_try():
     a = Adapter(cfg())
     root = a.train_tasks()[0]
     slot = env.Slot(root=root, active=root)
     e = ScriptedEngine(["not json", _rewrite("print(2 * int(input()))"), "unused", "unused"])
-    [(task, tries)] = env.propose([(slot, "harder", "feedback")], a, "generate", e, retries=4)
+    [(task, tries)] = env.propose([(slot, "harder", "feedback")], a, "generate", e, E_SAMPLING, retries=4)
     assert task is not None and tries == 2 and e.calls == 1   # the N tries come from one generate call
     e = ScriptedEngine(["nope"] * 3)
-    assert env.propose([(slot, "easier", "")], a, "generate", e, retries=3) == [(None, 3)]
+    assert env.propose([(slot, "easier", "")], a, "generate", e, E_SAMPLING, retries=3) == [(None, 3)]
 
 
 def test_given_lines_drop_the_last_line():

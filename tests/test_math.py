@@ -13,13 +13,13 @@ from tasks.livebench import coding_metrics
 
 # ── Eq. 1 ──
 def test_integrated_reward_hand_values():
-    assert policy.integrated_reward(1, [1, 1]) == 2.0
-    assert policy.integrated_reward(1, [1, -1]) == 1.0
-    assert policy.integrated_reward(-1, [-1, -1]) == -2.0
-    assert policy.integrated_reward(-1, [1, 0]) == -0.5          # a 0 still counts in m
+    assert policy.integrated_reward(1, [1, 1], lam=1.0) == 2.0
+    assert policy.integrated_reward(1, [1, -1], lam=1.0) == 1.0
+    assert policy.integrated_reward(-1, [-1, -1], lam=1.0) == -2.0
+    assert policy.integrated_reward(-1, [1, 0], lam=1.0) == -0.5          # a 0 still counts in m
     assert policy.integrated_reward(-1, [1, 1, 0], lam=0.5) == pytest.approx(-1 + 0.5 * 2 / 3)
     assert policy.integrated_reward(1, [-1, -1, -1], lam=0.0) == 1.0
-    assert policy.integrated_reward(-1, []) == -1.0             # no R: the outcome alone
+    assert policy.integrated_reward(-1, [], lam=1.0) == -1.0             # no R: the outcome alone
 
 
 # ── Eq. 2: docs/METHOD.md worked example, G = 2, m = 2 ──
@@ -27,8 +27,8 @@ WORKED_R = [[2.0, 1.0], [-2.0, -0.5, -2.0]]
 
 
 def test_worked_example_rewards():
-    a = [policy.integrated_reward(1, v) for v in ([1, 1], [1, -1])]
-    b = [policy.integrated_reward(-1, v) for v in ([-1, -1], [1, 0], [-1, -1])]
+    a = [policy.integrated_reward(1, v, lam=1.0) for v in ([1, 1], [1, -1])]
+    b = [policy.integrated_reward(-1, v, lam=1.0) for v in ([-1, -1], [1, 0], [-1, -1])]
     assert [a, b] == WORKED_R
 
 
@@ -116,7 +116,7 @@ def test_parse_test(text, test):
 @pytest.mark.parametrize("acc,expected", [(1.0, "harder"), (0.8, "harder"), (0.79, None), (0.5, None),
                                           (0.21, None), (0.2, "easier"), (0.0, "easier")])
 def test_direction(acc, expected):
-    assert env.direction(acc) == expected
+    assert env.direction(acc, low=0.2, high=0.8) == expected   # the paper's α_low, α_high
 
 
 @pytest.mark.parametrize("d,a,a2,ok", [
@@ -126,7 +126,7 @@ def test_direction(acc, expected):
     ("easier", 0.0, 0.0, False), ("easier", 0.2, 0.2, False), ("easier", 0.2, 0.1, False),
 ])
 def test_accept(d, a, a2, ok):
-    assert env.accept(d, a, a2) is ok
+    assert env.accept(d, a, a2, low=0.2, high=0.8) is ok
 
 
 def test_accept_custom_thresholds():
@@ -143,17 +143,27 @@ def _c(i):
     return Completion(f"j{i}", [9], [10 + i], "stop")
 
 
+def p_samples(groups, *, lam=1.0, keep_single=True, reward="integrated", acc_range=(1 / 8, 7 / 8), drop_zero=True):
+    """Eq. 1-2 onto the steps, then P's samples, as loop.train calls them (defaults: ALFWorld's filter)."""
+    policy.score_steps(groups, lam=lam, keep_single=keep_single, reward=reward)
+    return policy.policy_samples(groups, acc_range=acc_range, drop_zero=drop_zero)
+
+
+def r_samples(groups, *, kind="steps", balance=False, norm="step"):
+    """R's samples (Eq. 3 on step.reward), as loop.train calls them."""
+    return rm.rm_samples(groups, kind, drop_zero=True, balance=balance, norm=norm)
+
+
 def test_policy_and_rm_samples_on_worked_example():
     task = Task("t", "p", {})
     a = Rollout("t", [_step([1, 1], [_c(0), _c(1)]), _step([1, -1], [_c(2), _c(3)])], 1)
     b = Rollout("t", [_step([-1, -1], [_c(4), _c(5)]), _step([1, 0], [_c(6), _c(7)]),
                       _step([-1, -1], [_c(8), _c(9)])], -1)
     g = Group(task, [a, b])
-    samples, rewards = policy.policy_samples([g])
-    assert rewards == [[[2.0, 1.0], [-2.0, -0.5, -2.0]]]
-    assert [st.reward for st in a.steps + b.steps] == [2.0, 1.0, -2.0, -0.5, -2.0]   # also on the records
+    samples = p_samples([g])
+    assert [st.reward for st in a.steps + b.steps] == [2.0, 1.0, -2.0, -0.5, -2.0]   # R_τ on the records
     assert [s.advantage for s in samples] == [1.0, 1.0, -1.0, -1.0, -2.0]
-    rs = rm.rm_samples([g], rewards, "steps")
+    rs = r_samples([g])
     # Eq. 3 on every step: A·0 raw [2,2] skip; A·1 raw [1,−1] → [1,−1]; B·0 raw [2,2] skip;
     # B·1 raw [−0.5,−2] → [1,−1]; B·2 raw [2,2] skip
     assert [(s.response_ids[0], s.advantage) for s in rs] == [(12, 1.0), (13, -1.0), (16, 1.0), (17, -1.0)]
@@ -162,13 +172,13 @@ def test_policy_and_rm_samples_on_worked_example():
 def test_policy_samples_acc_filter_and_reference_reward():
     task = Task("t", "p", {})
     solved = Group(task, [Rollout("t", [_step([1])], 1), Rollout("t", [_step([-1])], 1)])
-    assert policy.policy_samples([solved])[0] == []          # acc 1 > 7/8: left out
+    assert p_samples([solved]) == []          # acc 1 > 7/8: left out
     mixed = Group(task, [Rollout("t", [_step([])], 1, score=1.0), Rollout("t", [_step([])], -1, score=0.5),
                          Rollout("t", [_step([])], -1, score=0.0)])
-    s, _ = policy.policy_samples([mixed], reward="reference")
+    s = p_samples([mixed], reward="reference")
     sd = math.sqrt(((1 - 0.5) ** 2 + 0 + 0.5 ** 2) / 3)
     assert [x.advantage for x in s] == pytest.approx([0.5 / sd, -0.5 / sd])  # the 0 advantage is dropped
-    assert rm.rm_samples([solved], [[[1.0], [1.0]]], "steps") == []   # acc outside [0.2, 0.8]
+    assert r_samples([solved]) == []   # acc outside [0.2, 0.8]
 
 
 def test_rm_balance_on_worked_example():
@@ -180,10 +190,10 @@ def test_rm_balance_on_worked_example():
     win = Rollout("t", [_step([1, -1], [_c(0), _c(1)])], 1)
     loss = Rollout("t", [_step([1, -1], [_c(2), _c(3)]), _step([1, -1], [_c(4), _c(5)])], -1)
     g = Group(task, [win, loss])
-    rewards = [[[1.0], [-0.5, -1.0]]]
-    plain = rm.rm_samples([g], rewards, "steps")
+    win.steps[0].reward, loss.steps[0].reward, loss.steps[1].reward = 1.0, -0.5, -1.0
+    plain = r_samples([g])
     assert [s.advantage for s in plain] == [1.0, -1.0, -1.0, 1.0, -1.0, 1.0]
-    balanced = rm.rm_samples([g], rewards, "steps", balance=True)
+    balanced = r_samples([g], balance=True)
     assert [s.advantage for s in balanced] == [1.5, -1.5, -0.75, 0.75, -0.75, 0.75]
     assert rm.balance_weights([False, False]) == [1.0, 1.0]   # one class only: nothing to balance
     from config import ConfigError, parse_args
@@ -198,16 +208,16 @@ def test_rm_norm_batch_trains_unanimous_steps_by_hand():
     task = Task("t", "p", {})
     g = Group(task, [Rollout("t", [_step([-1, -1], [_c(0), _c(1)])], 1),
                      Rollout("t", [_step([-1, -1], [_c(2), _c(3)])], -1)])
-    rewards = [[[1.0], [-1.0]]]
-    assert rm.rm_samples([g], rewards, "steps") == []
-    batch = rm.rm_samples([g], rewards, "steps", norm="batch")
+    g.rollouts[0].steps[0].reward, g.rollouts[1].steps[0].reward = 1.0, -1.0
+    assert r_samples([g]) == []
+    batch = r_samples([g], norm="batch")
     assert [(s.response_ids[0], s.advantage) for s in batch] == [(10, -1.0), (11, -1.0), (12, 1.0), (13, 1.0)]
     # an unparseable verdict keeps Eq. 3's −2: raw [1, −2] and [−1, 1]; mean −0.25, deviations [1.25, −1.75,
     # −0.75, 1.25], variance 6.75 / 4 = 1.6875, std 1.2990
     z = rm.batch_consistency_rewards([(1.0, [1, 0]), (-1.0, [1, -1])])
     assert z == [pytest.approx([0.9623, -1.3472], abs=1e-4), pytest.approx([-0.5774, 0.9623], abs=1e-4)]
     assert rm.batch_consistency_rewards([(1.0, [1, 1])]) is None   # every raw reward equal
-    assert rm.batch_consistency_rewards([]) is None and rm.rm_samples([], [], "steps", norm="batch") == []
+    assert rm.batch_consistency_rewards([]) is None and r_samples([], norm="batch") == []
     from config import ConfigError, parse_args
     with pytest.raises(ConfigError, match="--rm-norm"):
         parse_args(["--task", "livebench", "--model", "tiny", "--rm-norm", "batch"])
@@ -217,7 +227,7 @@ def test_rm_samples_tests_kind():
     task = Task("t", "p", {})
     g = Group(task, [Rollout("t", [_step([])], 1), Rollout("t", [_step([])], -1)],
               tests=[_c(0), _c(1)], test_passes=[[True, True], [False, True]])
-    assert [(s.response_ids[0], s.advantage) for s in rm.rm_samples([g], [[[], []]], "tests")] == [(10, 1.0), (11, -1.0)]
+    assert [(s.response_ids[0], s.advantage) for s in r_samples([g], kind="tests")] == [(10, 1.0), (11, -1.0)]
 
 
 # ── Table 1 coding metrics ──
@@ -270,7 +280,7 @@ def test_rm_test_writer_trains_only_on_balanced_tasks():
     task = Task("t", "p", {})
     all_pass = Group(task, [Rollout("t", [_step([])], 1), Rollout("t", [_step([])], 1)],
                      tests=[_c(0), _c(1)], test_passes=[[True, False], [True, False]])
-    assert rm.rm_samples([all_pass], [[[], []]], "tests") == []          # acc 1.0: left out (raw rewards would be [1, −1])
+    assert r_samples([all_pass], kind="tests") == []          # acc 1.0: left out (raw rewards would be [1, −1])
 
 
 def test_reference_coding_reward_worked_example():
@@ -286,13 +296,13 @@ def test_reference_coding_reward_worked_example():
     def grp(scores):
         return Group(task, [Rollout("t", [_step([1, -1])], 1 if s == 1 else -1, score=s) for s in scores])
 
-    adv = [s.advantage for s in policy.policy_samples([grp([1.0, 0.5, 0.0, 0.0])], **kw)[0]]
+    adv = [s.advantage for s in p_samples([grp([1.0, 0.5, 0.0, 0.0])], **kw)]
     assert adv == pytest.approx([1.5076, 0.3015, -0.9045, -0.9045], abs=1e-4)
-    adv = [s.advantage for s in policy.policy_samples([grp([1.0, 0.5, 0.0])], **kw)[0]]
+    adv = [s.advantage for s in p_samples([grp([1.0, 0.5, 0.0])], **kw)]
     assert adv == pytest.approx([1.2247, 0.0, -1.2247], abs=1e-4)   # three samples: the zero stays
-    assert policy.policy_samples([grp([0.5, 0.0, 0.0])], **kw)[0] == []          # acc 0: left out, though std > 0
-    assert policy.policy_samples([grp([1.0, 1.0, 1.0, 1.0, 1.0])], **kw)[0] == []  # acc 1: left out
-    assert len(policy.policy_samples([grp([1.0, 1.0, 1.0, 1.0, 0.5])], **kw)[0]) == 5  # acc 0.8: kept (inclusive)
+    assert p_samples([grp([0.5, 0.0, 0.0])], **kw) == []          # acc 0: left out, though std > 0
+    assert p_samples([grp([1.0, 1.0, 1.0, 1.0, 1.0])], **kw) == []  # acc 1: left out
+    assert len(p_samples([grp([1.0, 1.0, 1.0, 1.0, 0.5])], **kw)) == 5  # acc 0.8: kept (inclusive)
 
 
 def test_reference_test_writer_reward_worked_example():

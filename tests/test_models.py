@@ -6,6 +6,7 @@ import engines
 import models
 import ppo
 import records
+import rundir
 
 
 @pytest.fixture(scope="module")
@@ -201,7 +202,7 @@ def test_save_load_roundtrip(tmp_path, tiny):
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), m2.parameters()))
     assert t2.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False) == \
         tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False)
-    ppo.load_optimizer(ppo.make_optimizer(m2, 1e-3), tmp_path / "ck")
+    rundir.load_optimizer(ppo.make_optimizer(m2, 1e-3), tmp_path / "ck")
 
 
 @pytest.mark.parametrize("name", ["/no/such/dir", "./missing", "not a model"])
