@@ -57,8 +57,8 @@ class Config:
     zero_single: bool = opt(False, "Eq. 2: zero a step index only one rollout reaches (default keeps its raw reward)")
     coding_reward: str = opt("integrated", "coding policy reward: integrated (Eq. 1: outcome + R's tests) or reference "
                              "(the released code: share of GT tests passed, z-scored)", choices=["integrated", "reference"])
-    coding_task: str = opt("generation", "coding: generation (P writes the whole program) or completion (P completes "
-                           "the first lines of a reference solution: LiveBench's code-completion task)",
+    coding_task: str = opt("completion", "coding: completion (P completes the first lines of a reference solution: "
+                           "LiveBench's code-completion task) or generation (P writes the whole program)",
                            choices=["generation", "completion"])
     acc_lower: float = opt(1 / 8, "policy training keeps tasks with acc in [--acc-lower, --acc-upper]")
     acc_upper: float = opt(7 / 8, "upper end of the policy's accuracy filter")
@@ -180,6 +180,19 @@ def setting_defaults(task: str, preset: str = "") -> dict:
     base = {f.name: f.default for f in dataclasses.fields(Config)}
     return {**base, **tasks.defaults(task), **(tasks.reference(task) if preset == "reference" else {}),
             "task": task, "preset": preset}
+
+
+def describe(cfg: Config) -> str:
+    """One line for the start of a run: the setting, then every value that is not Config's generic default
+    (the setting's own defaults, --preset's and the flags given), so that a run says what it runs.
+
+        >>> describe(Config(task="maze", lr=3e-6, group_size=8))
+        'maze: lr=3e-06'
+    """
+    generic = {f.name: f.default for f in dataclasses.fields(Config)}
+    changed = [f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in dataclasses.asdict(cfg).items()
+               if k not in ("task", "name") and v != generic[k]]
+    return f"{cfg.task}: " + (", ".join(changed) or "Config's generic defaults")
 
 
 NAME_OK = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")

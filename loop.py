@@ -38,7 +38,7 @@ import environment as env
 import policy
 import reward_model
 import tasks
-from config import ABLATIONS, Config, ConfigError, check_distributed, parse_args
+from config import ABLATIONS, Config, ConfigError, check_distributed, describe, parse_args
 from engines import make_engines, sync_seconds
 from models import ModelError, add_lora, load, seed_everything
 from ppo import LogProbs, make_optimizer, ppo_update
@@ -46,7 +46,7 @@ from records import Sampling, stage
 from rundir import Run, load_optimizer
 from tasks import sandbox
 
-__all__ = ["ABLATIONS", "Config", "ConfigError", "parse_args", "train", "main"]
+__all__ = ["ABLATIONS", "Config", "ConfigError", "describe", "parse_args", "train", "main"]
 
 
 # ───────────────────────────── the loop ─────────────────────────────
@@ -331,6 +331,8 @@ def main(argv=None) -> int:
     try:
         cfg = parse_args(argv)
         check_distributed(cfg, dist.init()[1])
+        if dist.rank() == 0:
+            print(f"[loop] {describe(cfg)}", flush=True)
         if cfg.eval_only:
             eval_only(cfg)
         else:

@@ -42,10 +42,11 @@ from tasks.sandbox import RunResult, outputs_match, run_many
 # value; --help shows every released value that differs.
 # Eval: 8 programs per task at the training temperature (released code: 3 greedy): a 135M policy's greedy
 # program is almost never right, and 8 samples per task shrink the within-task part of the standard error.
-# Task: code completion, where the 135M model has signal (released code: whole programs, --coding-task generation).
+# Task: code completion (Config's default, read by this setting only), where the 135M model has signal (released
+# code: whole programs, --coding-task generation).
 # Accuracy filter: the paper's [1/8, 7/8] (released coding: [0.2, 0.8]); at a base rate of a few percent most groups
 # that have a success have exactly one, and the released filter drops them all.
-DEFAULTS = {"drop_zero_adv": False, "eval_samples": 8, "eval_temperature": 1.0, "coding_task": "completion"}
+DEFAULTS = {"drop_zero_adv": False, "eval_samples": 8, "eval_temperature": 1.0}
 # The released code's coding configuration (configs/coding_rl.yaml and the rollout scripts), for
 # --preset reference: 64 tasks × 32 programs, 16 generated tests, 2/2 optimizer steps, LR 1e-6.
 REFERENCE = {

@@ -263,6 +263,11 @@ def test_each_setting_shows_its_own_defaults_and_the_released_values():
     # coding: the paper's filter, not the released [0.2, 0.8] (METHOD.md deviation 2), on code completion (27)
     assert (cfg.acc_lower, cfg.acc_upper, cfg.drop_zero_adv, cfg.fresh_optimizer) == (1 / 8, 7 / 8, False, True)
     assert cfg.coding_task == "completion" and "[released code: generation] (default: completion)" in flat["livebench"]
+    # one line at start-up says what differs from Config's generic defaults; Config holds what livebench runs
+    line = loop.describe(cfg)
+    changed = set(line.removeprefix("livebench: ").split(", ")) - {"amp=False"}   # fp32 where bf16 is not native
+    assert line.startswith("livebench: ") and changed == {"drop_zero_adv=False", "eval_samples=8", "eval_temperature=1"}
+    assert "seed=2" in loop.describe(loop.parse_args(["--task", "livebench", "--seed", "2"]))
 
 
 def test_preset_reference_is_the_released_configuration_and_flags_still_win():
