@@ -57,11 +57,18 @@ class Step:
 
 @dataclass
 class Rollout:
+    """One episode (agent settings) or one program (coding) of a group, with what E's feedback and the
+    logs read about it. The agent fields stay empty in coding, the coding fields in the agent settings."""
     task_id: str
     steps: list[Step]
-    outcome: int          # O_τ ∈ {+1, −1}
-    score: float = 0.0    # a graded outcome where the setting has one (coding: share of GT tests passed)
-    info: dict = field(default_factory=dict)
+    outcome: int                  # O_τ ∈ {+1, −1}: +1 iff score > 0 (agents) or every GT test passes (coding)
+    score: float = 0.0            # the graded outcome (agents: 1/0, OSWorld its checker's score; coding: GT share)
+    actions: list[str] = field(default_factory=list)   # agents: each step's action as P and R were shown it
+    invalid: int = 0              # agents: answers that named no valid action (a wasted step each)
+    first_observation: str = ""   # agents: what the episode showed first (ALFWorld's room, OSWorld's instruction)
+    crashed: str = ""             # agents: why the environment failed mid-episode ("" when it did not)
+    program: str = ""             # coding: the program P wrote
+    gt_passes: list[bool] = field(default_factory=list)  # coding: which GT tests the program passes
 
 
 @dataclass

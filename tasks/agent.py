@@ -3,7 +3,7 @@
 An agent setting subclasses `AgentAdapter` and supplies four things: how an episode starts
 (`start`), P's prompt at the current state (`policy_prompt`), how an answer changes the state
 (`act`, which appends one Step, with the prompt R will judge it by), and how a finished episode
-scores (`outcome`). The rest is here, once:
+scores (`score`; O_τ = +1 iff score > 0). The rest is here, once:
 - batched play: at every turn ONE generate call serves every live episode of every task;
 - the groups of G rollouts per task;
 - R's judgments (m per step, one call; reward_model.judge_steps);
@@ -66,13 +66,14 @@ class AgentAdapter(AdapterBase):
     def act(self, ep: Episode, prompt: str, completion) -> None:
         """Apply P's answer: change the state and append one Step, with the prompt R will judge it by."""
 
-    def outcome(self, ep: Episode) -> float:
-        """The episode's graded score; success is score > 0."""
+    def score(self, ep: Episode) -> float:
+        """The episode's graded score; success (O_τ = +1) is score > 0."""
         return float(ep.won)
 
-    def info(self, ep: Episode) -> dict:
-        """What a rollout keeps for E's prompts and the logs."""
-        return {"invalid": ep.invalid, "actions": ep.actions}
+    def to_rollout(self, ep: Episode) -> Rollout:
+        """A finished episode as a Rollout: its steps, O_τ and score, and what E's prompts and the logs read."""
+        score = self.score(ep)
+        return Rollout(ep.task.id, ep.steps, 1 if score > 0 else -1, score, actions=ep.actions, invalid=ep.invalid)
 
     def why_failed(self, ro: Rollout) -> str:
         return "not solved"
@@ -83,8 +84,7 @@ class AgentAdapter(AdapterBase):
         with self.timed():
             episodes = [self.start(t, k) for t in tasks for k in range(G)]
         self.play(episodes, engine, cfg, temperature, max_turns or cfg.max_turns)
-        return [Group(t, [Rollout(t.id, ep.steps, 1 if self.outcome(ep) > 0 else -1, self.outcome(ep), info=self.info(ep))
-                          for ep in episodes[i * G:(i + 1) * G]]) for i, t in enumerate(tasks)]
+        return [Group(t, [self.to_rollout(ep) for ep in episodes[i * G:(i + 1) * G]]) for i, t in enumerate(tasks)]
 
     def play(self, episodes: list[Episode], engine, cfg, temperature: float | None, max_turns: int) -> None:
         """Batched play: at every turn ONE generate call serves every live episode (not done and under
@@ -131,7 +131,7 @@ class AgentAdapter(AdapterBase):
 
     # — critic feedback for E —
     def feedback(self, group: Group) -> str:
-        lines = [f"rollout {k}: {self.why_failed(ro)} after {len(ro.steps)} steps ({ro.info['invalid']} invalid "
-                 f"answers); actions: {'; '.join(ro.info['actions'][-4:])}"
+        lines = [f"rollout {k}: {self.why_failed(ro)} after {len(ro.steps)} steps ({ro.invalid} invalid "
+                 f"answers); actions: {'; '.join(ro.actions[-4:])}"
                  for k, ro in enumerate(group.rollouts) if ro.outcome < 0]
         return "\n".join(lines[:4]) or f"all {len(group.rollouts)} rollouts succeeded"

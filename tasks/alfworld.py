@@ -246,8 +246,10 @@ class Adapter(AgentAdapter):
         return render_chat(tokenizer, POLICY_PROMPT.format(room=ep.room, history=_history(ep), obs=ep.obs[:600],
                                                            actions=actions))
 
-    def info(self, ep: GameEpisode) -> dict:
-        return super().info(ep) | {"room": ep.room}
+    def to_rollout(self, ep: GameEpisode) -> Rollout:
+        ro = super().to_rollout(ep)
+        ro.first_observation = ep.room
+        return ro
 
     # — evaluation: the paper's Table 1 columns for ALFWorld —
     def evaluate(self, sets: dict[str, list[Task]], policy, rm, cfg) -> dict:
@@ -263,8 +265,8 @@ class Adapter(AgentAdapter):
         """E's prompt to summarize failed rollout r (released code): the task, R's high-risk step indices
         and the numbered trajectory."""
         ro = group.rollouts[r]
-        lines = [f"[0] observation: {ro.info['room'][:300]}"]
-        for k, (action, st) in enumerate(zip(ro.info["actions"], ro.steps)):
+        lines = [f"[0] observation: {ro.first_observation[:300]}"]
+        for k, (action, st) in enumerate(zip(ro.actions, ro.steps)):
             lines += [f"[{k}] action: {action}", f"[{k + 1}] observation: {st.observation[:150]}"]
         return SUMMARY_PROMPT.format(steps=len(ro.steps), goal=group.task.prompt,
                                      risky=", ".join(map(str, risky)) or "none", trajectory="\n".join(lines))

@@ -450,8 +450,8 @@ class Adapter(AdapterBase):
                 res = next(gt)
                 seen = f"passed {sum(res)}/{len(res)} GT tests" + (" (stopped at the first failure)" if first_failure else "")
                 step = Step(prompt, c.prompt_ids, c.text, c.ids, observation=seen, parsed=compiles(p))
-                rollouts.append(Rollout(task.id, [step], 1 if all(res) else -1, sum(res) / len(res),
-                                        info={"program": p, "gt": res, "finish": c.finish_reason}))
+                rollouts.append(Rollout(task.id, [step], 1 if all(res) else -1, sum(res) / len(res), program=p,
+                                        gt_passes=res))
             groups.append(Group(task, rollouts))
         return groups
 
@@ -466,7 +466,7 @@ class Adapter(AdapterBase):
             g.tests = tests
             parsed = [parse_test(c.text) for c in tests]
             with stage(self.timings, "sandbox"):
-                g.test_passes = run_tests(g.task, [ro.info["program"] for ro in g.rollouts], parsed,
+                g.test_passes = run_tests(g.task, [ro.program for ro in g.rollouts], parsed,
                                           cfg.sandbox_timeout)
             for ro, row in zip(g.rollouts, g.test_passes):
                 # S_j: +1 passes generated test j, −1 fails it, 0 when test j is malformed
@@ -534,7 +534,7 @@ class Adapter(AdapterBase):
         """The policy's pass rate on each GT test of the current version, and on each of R's generated
         tests (which may be wrong), each shown with its input and expected output (released code)."""
         n = len(group.rollouts)
-        gt = [ro.info["gt"] for ro in group.rollouts]
+        gt = [ro.gt_passes for ro in group.rollouts]
         tests = group.task.data["tests"] if group.task.data["format"] != "humaneval" else []
         shown = [(t, sum(r[k] for r in gt) / n) for k, t in enumerate(tests)]
         parsed = [parse_test(c.text) for c in group.tests]

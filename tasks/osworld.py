@@ -238,11 +238,13 @@ class Adapter(AgentAdapter):
                                                            history=_history(ep), screen=_screen_text(ep.screen),
                                                            example=example))
 
-    def outcome(self, ep: GUIEpisode) -> float:
+    def score(self, ep: GUIEpisode) -> float:
         return ep.score
 
-    def info(self, ep: GUIEpisode) -> dict:
-        return super().info(ep) | {"crashed": ep.crashed, "instruction": ep.instruction}
+    def to_rollout(self, ep: GUIEpisode) -> Rollout:
+        ro = super().to_rollout(ep)
+        ro.first_observation, ro.crashed = ep.instruction, ep.crashed
+        return ro
 
     # — P plays in waves of at most cfg.browsers episodes (one browser or VM each); the backends step concurrently —
     def rollout(self, tasks: list[Task], G: int, engine, cfg, temperature: float | None = None,
@@ -331,9 +333,9 @@ class Adapter(AgentAdapter):
 
     # — critic feedback for E: failure summaries —
     def why_failed(self, ro: Rollout) -> str:
-        return f"the environment failed ({ro.info['crashed'][:80]})" if ro.info["crashed"] else "not solved"
+        return f"the environment failed ({ro.crashed[:80]})" if ro.crashed else "not solved"
 
     def feedback(self, group: Group) -> str:
-        head = f"Instruction seen: {group.rollouts[0].info['instruction']}\n" if group.rollouts else ""
+        head = f"Instruction seen: {group.rollouts[0].first_observation}\n" if group.rollouts else ""
         return head + super().feedback(group)
 

@@ -106,7 +106,7 @@ def test_rollout_batches_turns_and_unparseable_episodes_run_to_the_step_limit(ad
         adapter.plan_labels = True
     assert all(st.label is None for g in groups for ro in g.rollouts for st in ro.steps)
     assert [len(g.rollouts) for g in groups] == [2, 2]
-    assert all(len(ro.steps) == 4 and ro.outcome == -1 and ro.info["invalid"] == 4 for g in groups for ro in g.rollouts)
+    assert all(len(ro.steps) == 4 and ro.outcome == -1 and ro.invalid == 4 for g in groups for ro in g.rollouts)
     adapter.judge(groups, ScriptedEngine("Looks wrong. \\boxed{-1}"), cfg)
     st = groups[0].rollouts[0].steps[0]
     assert st.verdicts == [-1, -1] and "Result: Nothing happens." in groups[0].rollouts[0].steps[0].judge_prompt
@@ -155,7 +155,7 @@ def test_e_summary_prompt_has_trajectory_and_high_risk_steps(adapter):
     prompt = adapter.summary_prompt(g, 0, [0, 2])
     ro = g.rollouts[0]
     assert "within 3 steps" in prompt and "judged bad every time: 0, 2" in prompt and g.task.prompt in prompt
-    assert f"[0] action: {ro.info['actions'][0]}" in prompt and f"[3] observation: {ro.steps[2].observation[:40]}" in prompt
+    assert f"[0] action: {ro.actions[0]}" in prompt and f"[3] observation: {ro.steps[2].observation[:40]}" in prompt
 
 
 def test_valid_rewrite_is_planner_checked_and_playable(adapter):

@@ -219,8 +219,8 @@ def test_judge_sets_verdicts_from_generated_tests():
     task = next(t for t in a.tasks if t.id == "sum-0")
     good = "a, b = map(int, input().split())\nprint(a + b)"
     n = len(task.data["tests"])
-    rollouts = [Rollout(task.id, [Step("p", [1], "r", [2])], 1, info={"program": good, "gt": [True] * n}),
-                Rollout(task.id, [Step("p", [1], "r", [2])], -1, info={"program": "print(3)", "gt": [False] * n})]
+    rollouts = [Rollout(task.id, [Step("p", [1], "r", [2])], 1, program=good, gt_passes=[True] * n),
+                Rollout(task.id, [Step("p", [1], "r", [2])], -1, program="print(3)", gt_passes=[False] * n)]
     g = Group(task, rollouts)
     rm = ScriptedEngine(["1 2\n```\nOutput:\n```\n3\n```", "no test here"])  # continuations of TEST_PREFIX
     a.judge([g], rm, cfg(m=2))

@@ -111,11 +111,11 @@ def test_bad_answers_cost_a_step_and_the_episode_goes_on(adapter):
     cfg = SimpleNamespace(**{**vars(CFG), "max_turns": 3})
     [g] = adapter.rollout([task], 2, ScriptedEngine(lambda p: "nine}"), cfg)
     for ro in g.rollouts:
-        assert ro.outcome == -1 and len(ro.steps) == 3 and ro.info["invalid"] == 3
+        assert ro.outcome == -1 and len(ro.steps) == 3 and ro.invalid == 3
         assert all(st.label == -1 for st in ro.steps)
     assert "Move taken: none (no valid move number)" in g.rollouts[0].steps[0].judge_prompt
     [g] = adapter.rollout([task], 1, ScriptedEngine(lambda p: "7}"), cfg)   # a number with no such move
-    assert g.rollouts[0].info["invalid"] == 3
+    assert g.rollouts[0].invalid == 3
 
 
 def test_generated_rewrites_are_solver_checked(adapter):

@@ -131,8 +131,8 @@ def test_scripted_solution_wins_a_task_of_every_ladder(adapter, ladder, page):
     tasks = [ow.ladder_task(ladder, rung, seed) for seed in (0, 1)]
     groups = adapter.rollout(tasks, 2, ScriptedEngine(solve), CFG)
     for g in groups:
-        assert [ro.outcome for ro in g.rollouts] == [1, 1], [ro.info for ro in g.rollouts]
-        assert all(ro.score > 0 and ro.info["invalid"] == 0 for ro in g.rollouts)
+        assert [ro.outcome for ro in g.rollouts] == [1, 1], [(ro.actions, ro.crashed) for ro in g.rollouts]
+        assert all(ro.score > 0 and ro.invalid == 0 for ro in g.rollouts)
     steps = groups[0].rollouts[0].steps
     assert len(steps) == (2 if ladder in ("type", "select") else 1)
     assert steps[-1].observation == "(the task ended after this action)"
@@ -155,8 +155,8 @@ def test_malformed_action_costs_a_step_and_the_episode_goes_on(adapter):
     answers = itertools.cycle(["click(", "click(999)", 'key("hyper+q")'])
     groups = adapter.rollout(tasks, 2, ScriptedEngine(lambda p: next(answers)), CFG)
     for ro in groups[0].rollouts:
-        assert ro.outcome == -1 and len(ro.steps) == 4 and ro.info["invalid"] >= 3
-        assert ro.info["actions"][0] == "none (malformed action)"
+        assert ro.outcome == -1 and len(ro.steps) == 4 and ro.invalid >= 3
+        assert ro.actions[0] == "none (malformed action)"
     prompt = groups[0].rollouts[0].steps[0].judge_prompt
     assert "Action taken: none (malformed action)" in prompt and "input_text" in prompt.split("Screen after")[1]
     adapter.judge(groups, ScriptedEngine(lambda p: "Bad. \\boxed{-1"), CFG)
@@ -185,7 +185,7 @@ def test_a_killed_or_hung_browser_is_recovered(adapter, how):
     groups = adapter.rollout(tasks, 2, ScriptedEngine(solve, on_call=sabotage), CFG)
     broken, fine = groups[0].rollouts
     assert broken.outcome == -1 and fine.outcome == 1
-    assert broken.info["crashed"].startswith({"killed": "browser crashed", "hung": "browser hung"}[how])
+    assert broken.crashed.startswith({"killed": "browser crashed", "hung": "browser hung"}[how])
     again = adapter.rollout(tasks, 2, ScriptedEngine(solve), CFG)
     assert [ro.outcome for ro in again[0].rollouts] == [1, 1]
     assert victim.restarts == restarts + 1 and "button" in victim.reset("click-test", 0).text  # a fresh Chromium
@@ -255,8 +255,8 @@ def test_fake_bridge_protocol_and_scoring(fake_osworld):
     good = ad.rollout([task], 1, ScriptedEngine(lambda p: script.get(p.count("; ") + ("Previous actions" in p), "done()")),
                       SimpleNamespace(**{**vars(CFG), "max_turns": 5}))
     for ro in good[0].rollouts:
-        assert ro.outcome == 1 and ro.score == 1.0 and ro.info["actions"][-1] == "done()"
-        assert "Type 'hello world'" in ro.info["instruction"]
+        assert ro.outcome == 1 and ro.score == 1.0 and ro.actions[-1] == "done()"
+        assert "Type 'hello world'" in ro.first_observation
     sent = [json.loads(x) for x in log.read_text().splitlines()]
     assert sent[0] == {"op": "hello"} and sent[1]["op"] == "reset" and sent[1]["task"]["id"] == "fake-0003"
     steps = [m["action"] for m in sent if m["op"] == "step"]
