@@ -32,7 +32,7 @@ import random
 import re
 from dataclasses import asdict, dataclass, field, replace
 
-from engines import ANSWER_PREFIX, last_boxed, prefilled, render_chat
+from plumbing.engines import ANSWER_PREFIX, last_boxed, prefilled, render_chat
 from records import Group, Sampling, Task
 
 SUMMARY_MAX_NEW_TOKENS = 96  # E's failure summaries (CPU scale; the released E writes up to 8192 tokens, reasoning included)

@@ -16,8 +16,8 @@ smaller G and m, shorter generations). Every value is a flag, `--help` shows the
 next to each that differs, and `--preset reference` applies them all; docs/METHOD.md lists every
 deviation from the paper and the released code, with its reason.
 
-Around the loop: config.py (flags), rundir.py (run folder, checkpoints, logs), models.py and
-engines.py (loading and sampling), ppo.py (Eq. 5), tasks/ (the settings).
+Around the loop: plumbing/config.py (flags), plumbing/rundir.py (run folder, checkpoints, logs), plumbing/models.py and
+plumbing/engines.py (loading and sampling), ppo.py (Eq. 5), tasks/ (the settings).
 """
 from __future__ import annotations
 
@@ -33,17 +33,17 @@ import sys
 import time
 from pathlib import Path
 
-import dist
+from plumbing import dist
 import environment as env
 import policy
 import reward_model
 import tasks
-from config import ABLATIONS, Config, ConfigError, check_distributed, describe, parse_args
-from engines import make_engines, sync_seconds
-from models import ModelError, add_lora, load, seed_everything
+from plumbing.config import ABLATIONS, Config, ConfigError, check_distributed, describe, parse_args
+from plumbing.engines import make_engines, sync_seconds
+from plumbing.models import ModelError, add_lora, load, seed_everything
 from ppo import LogProbs, make_optimizer, ppo_update
 from records import Sampling, stage
-from rundir import Run, load_optimizer
+from plumbing.rundir import Run, load_optimizer
 from tasks import sandbox
 
 __all__ = ["ABLATIONS", "Config", "ConfigError", "describe", "parse_args", "train", "main"]
@@ -222,7 +222,7 @@ def evaluate(cfg, adapter, engines) -> dict:
 def build_models(cfg: Config, use_rm: bool, policy_init: str, rm_init: str, env_init: str = ""):
     """(name → (model, tokenizer, optimizer, trainer)) for the trained P and R, plus the engines of P, R
     and the frozen E (only when `env_init` is given: E writes tasks in generate mode). The trainer is
-    what Eq. 5 updates: the model itself, or under torchrun its FSDP2-sharded copy (dist.py)."""
+    what Eq. 5 updates: the model itself, or under torchrun its FSDP2-sharded copy (plumbing/dist.py)."""
     models = {}
     for name, init, lr, wanted in (("policy", policy_init, cfg.lr, True), ("reward_model", rm_init, cfg.rm_lr, use_rm)):
         if wanted:

@@ -14,8 +14,8 @@ import random
 import torch
 from torch.utils.checkpoint import checkpoint
 
-import dist
-from models import amp_context
+from plumbing import dist
+from plumbing.models import amp_context
 from records import Sample
 
 def _collate(samples: list[Sample], pad_id: int, device):
@@ -38,7 +38,7 @@ class LogProbs(torch.nn.Module):
 
     The vocabulary projection runs in sequence chunks under activation checkpointing, so the full
     [B, L, V] fp32 logits never sit in memory at once. A module, not a function, so that FSDP2 can
-    wrap it as the root: every forward then passes through the root's hooks (dist.py's `shard`)."""
+    wrap it as the root: every forward then passes through the root's hooks (plumbing/dist.py's `shard`)."""
 
     def __init__(self, model, chunk: int = 256):
         super().__init__()

@@ -18,7 +18,7 @@ import math
 import re
 from collections import Counter
 
-from engines import boxed, prefilled, render_chat
+from plumbing.engines import boxed, prefilled, render_chat
 from policy import zscore
 from records import Group, Sample
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import models  # noqa: E402
+from plumbing import models  # noqa: E402
 import loop  # noqa: E402
 import tasks  # noqa: E402
 

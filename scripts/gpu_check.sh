@@ -12,8 +12,8 @@ export PYTHONUNBUFFERED=1 RLANYTHING_SANDBOX="${RLANYTHING_SANDBOX:-rlimit}"
 python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print('device:', torch.cuda.get_device_name())"
 python3 - <<'PY'
 import torch
-from engines import make_engines
-from models import bf16_fast, load
+from plumbing.engines import make_engines
+from plumbing.models import bf16_fast, load
 from ppo import make_optimizer, ppo_update
 from records import Sample
 model, tok = load("tiny")

@@ -20,10 +20,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import config  # noqa: E402
-import models  # noqa: E402
+from plumbing import config  # noqa: E402
+from plumbing import models  # noqa: E402
 import ppo  # noqa: E402
-from engines import ANSWER_PREFIX  # noqa: E402
+from plumbing.engines import ANSWER_PREFIX  # noqa: E402
 from records import Sample  # noqa: E402
 from tasks import maze as mz  # noqa: E402
 

@@ -5,7 +5,7 @@ life and warm-up keep P's and R's PPO updates inside their trust region without 
     python scripts/sweep.py --task maze --configs lr3e-6-warm6 --seeds 2
     python scripts/sweep.py --task maze --report-only         # the table from what has run
 
-Every cell is a `table1.py` cell (one `loop.py` run, resumable) with `--validation`: it is evaluated on
+Every cell is a `scripts/table1.py` cell (one `loop.py` run, resumable) with `--validation`: it is evaluated on
 the setting's validation split only, never on the eval sets, so the choice made from this table leaves
 the eval sets untouched. Each configuration names all its optimizer flags, so a change of defaults does
 not change what a configuration means. The table gives, per configuration, validation success at the last
@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import table1  # noqa: E402
+from scripts import table1  # noqa: E402
 
 # name → the loop flags of one configuration (P's and R's optimizer alike unless named)
 CONFIGS = {
@@ -60,7 +60,7 @@ def parse(argv=None):
 
 
 def study(args, name: str):
-    """The table1.py study of one configuration."""
+    """The scripts/table1.py study of one configuration."""
     return table1.parse(["--task", args.task, "--seeds", str(args.seeds), "--rows", args.row, "--runs-dir",
                          args.runs_dir, "--study", f"sweep-{args.task}/{name}", "--validation", *CONFIGS[name],
                          *args.loop_flags])

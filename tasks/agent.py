@@ -17,7 +17,7 @@ from abc import abstractmethod
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
-from engines import ANSWER_PREFIX, boxed, prefilled
+from plumbing.engines import ANSWER_PREFIX, boxed, prefilled
 from records import Group, Rollout, Step, Task, stage
 from reward_model import agent_metrics, judge_steps, theorem1_metrics
 from tasks import AdapterBase, accuracy, eval_groups

@@ -31,7 +31,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engines import ANSWER_PREFIX, boxed, render_chat
+from plumbing.engines import ANSWER_PREFIX, boxed, render_chat
 from records import Group, Step, Task, stage
 from tasks import TaskError
 from tasks import alfworld_games as games

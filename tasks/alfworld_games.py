@@ -336,7 +336,7 @@ VERSION = "v1"  # bump when generation changes: the cache folder is per version 
 
 
 def games_root(seed: int) -> Path:
-    from models import cache_dir
+    from plumbing.models import cache_dir
     return cache_dir() / f"alfworld-games-{VERSION}-s{seed}"
 
 

@@ -10,7 +10,7 @@ ranges 64 and 128, never trained on.
 import random
 from dataclasses import dataclass
 
-from engines import ANSWER_PREFIX, render_chat
+from plumbing.engines import ANSWER_PREFIX, render_chat
 from records import Step, Task
 from tasks.agent import AgentAdapter, Episode, parse_choice
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engines import last_boxed
+from plumbing.engines import last_boxed
 
 VERBS = {"click", "double_click", "type", "key", "scroll", "wait", "done", "fail"}
 

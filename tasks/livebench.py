@@ -32,7 +32,7 @@ import re
 import zlib
 from pathlib import Path
 
-from engines import prefilled, render_chat
+from plumbing.engines import prefilled, render_chat
 from records import Group, Rollout, Step, Task, stage
 from reward_model import parse_test, theorem1_metrics
 from tasks import AdapterBase, TaskError, accuracy, chosen_sets, eval_groups

@@ -28,7 +28,7 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
-from engines import ANSWER_PREFIX, last_boxed, render_chat
+from plumbing.engines import ANSWER_PREFIX, last_boxed, render_chat
 from records import Step, Task
 from tasks.agent import HISTORY, AgentAdapter, Episode, parse_choice
 

@@ -18,7 +18,7 @@ Two backends behind one action vocabulary (`--backend`):
   without it a 135M policy writes almost no parseable action (docs/NOTES.md). A random target keeps
   the example from pointing at the answer; with a 7B policy, set EXAMPLE_ACTION = False.
 - Observation: the instruction and the element list (a text model reads these); with --screenshots the
-  screenshot is recorded too, for a vision-language policy. Deviation: the engines (engines.py) take text
+  screenshot is recorded too, for a vision-language policy. Deviation: the engines (plumbing/engines.py) take text
   only, so no policy here reads the screenshot yet; the paper's policy is Qwen3-VL-8B.
 - R sees the previous actions, the screen before and after the step, and P's response.
 - E, generate mode (the released code's mechanism): an LLM sees the current task as {template: hint},
@@ -36,7 +36,7 @@ import random
 import threading
 from dataclasses import dataclass, field
 
-from engines import render_chat
+from plumbing.engines import render_chat
 from records import Group, Rollout, Step, Task, stage
 from tasks import TaskError
 from tasks.agent import HISTORY, AgentAdapter, Episode

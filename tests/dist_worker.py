@@ -11,8 +11,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import dist  # noqa: E402
-from models import load  # noqa: E402
+from plumbing import dist  # noqa: E402
+from plumbing.models import load  # noqa: E402
 from ppo import LogProbs, make_optimizer, ppo_update  # noqa: E402
 from records import Sample  # noqa: E402
 
@@ -55,7 +55,7 @@ if __name__ == "__main__":
             torch.save({"weights": weights, "grad_norm": stats["grad_norm"], "step_scale": stats["step_scale"]},
                        out / f"update{call}.pt")
     if sys.argv[2:] == ["vllm"]:
-        from engines import make_engines
+        from plumbing.engines import make_engines
 
         initial, _ = load("tiny", seed=0)
         engine = dist.Synced(make_engines("vllm", {"p": (initial, tok)}, amp=False, max_model_len=512)["p"], lp)

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-import models
+from plumbing import models
 import loop
 from loop_cli import two_iterations
 from records import Completion

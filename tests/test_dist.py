@@ -1,4 +1,4 @@
-"""dist.py under torchrun: 2 ranks on gloo (CPU). A distributed PPO update (FSDP2) on fixed samples equals
+"""plumbing/dist.py under torchrun: 2 ranks on gloo (CPU). A distributed PPO update (FSDP2) on fixed samples equals
 the single-process update, with unequal sample counts per rank; a hang is a timeout, hence a failure."""
 import json
 import subprocess
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import dist_worker as w
-from engines import HFEngine, vllm_usable
+from plumbing.engines import HFEngine, vllm_usable
 from tasks.gui import kill_tree
-from models import load
+from plumbing.models import load
 from ppo import LogProbs, make_optimizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -144,7 +144,7 @@ def test_two_rank_loop_with_a_vllm_engine_per_rank_equals_one_process_and_resume
 
 
 def test_what_torchrun_does_not_cover_is_a_one_line_error():
-    from config import ConfigError, check_distributed, parse_args
+    from plumbing.config import ConfigError, check_distributed, parse_args
     base = ["--task", "maze", "--model", "tiny"]
     for extra, flag in ((["--lora-rank", "4"], "--lora-rank"), (["--eval-only", "--checkpoint", "x"], "--eval-only")):
         cfg = parse_args([*base, *extra])
@@ -162,7 +162,7 @@ def test_a_rank_exits_with_its_code_after_its_exit_handlers(tmp_path):
     script = tmp_path / "leave.py"
     script.write_text(f"""import atexit, sys
 sys.path.insert(0, {str(ROOT)!r})
-import dist
+from plumbing import dist
 rank, world = dist.init()
 atexit.register(lambda: open({str(tmp_path)!r} + f"/handler{{rank}}", "w").write("ran"))
 dist.gather(rank)

@@ -12,16 +12,16 @@ import golden
 
 ROOT = Path(__file__).resolve().parent.parent
 # The method (policy, reward_model, environment, ppo), its data (records) and the libraries it runs on
-# (models, engines): none of them may depend on a setting. loop, config and rundir compose them with
-# tasks/ and may import it.
-CORE = {"policy", "reward_model", "environment", "ppo", "records", "models", "engines"}
+# (plumbing's models, engines): none of them may depend on a setting. loop, config and rundir compose
+# them with tasks/ and may import it.
+CORE = {"policy", "reward_model", "environment", "ppo", "records", "plumbing.models", "plumbing.engines"}
 STUDIED = ["policy.py", "reward_model.py", "environment.py", "loop.py", "ppo.py"]   # read next to the paper
 
 
 def project_modules() -> dict[str, Path]:
-    files = [*ROOT.glob("*.py"), *ROOT.glob("tasks/*.py")]
-    return {(f"tasks.{f.stem}" if f.parent.name == "tasks" else f.stem).removesuffix(".__init__"): f
-            for f in files if f.stem != "__init__"} | {"tasks": ROOT / "tasks" / "__init__.py"}
+    files = [*ROOT.glob("*.py"), *ROOT.glob("tasks/*.py"), *ROOT.glob("plumbing/*.py")]
+    return {(f"{f.parent.name}.{f.stem}" if f.parent != ROOT else f.stem): f for f in files if f.stem != "__init__"} \
+        | {"tasks": ROOT / "tasks" / "__init__.py", "plumbing": ROOT / "plumbing" / "__init__.py"}
 
 
 def imports(path: Path, known: set[str]) -> set[str]:
@@ -39,7 +39,7 @@ def imports(path: Path, known: set[str]) -> set[str]:
 
 
 # Imported only on optional routes, never installed by requirements.txt: vLLM (requirements-vllm-cpu.txt or
-# requirements-gpu.txt), TRL (bench.py, its own venv) and OSWorld's desktop_env (tasks/osworld_bridge.py,
+# requirements-gpu.txt), TRL (scripts/bench.py, its own venv) and OSWorld's desktop_env (tasks/osworld_bridge.py,
 # inside the real OSWorld's environment).
 OPTIONAL = {"vllm", "trl", "desktop_env"}
 
@@ -48,7 +48,8 @@ def test_every_import_resolves_function_level_ones_included():
     """A module renamed by a refactor leaves no import behind that fails only when its route runs
     (tasks/alfworld_games.py imported `llm` after llm.py was split, and only a first ALFWorld run hit it)."""
     import importlib.util
-    files = [*ROOT.glob("*.py"), *ROOT.glob("tasks/*.py"), *ROOT.glob("scripts/*.py"), *ROOT.glob("tests/*.py")]
+    files = [*ROOT.glob("*.py"), *ROOT.glob("tasks/*.py"), *ROOT.glob("plumbing/*.py"), *ROOT.glob("scripts/*.py"),
+             *ROOT.glob("tests/*.py")]
     missing = set()
     for path in files:
         for node in ast.walk(ast.parse(path.read_text())):

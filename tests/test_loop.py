@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import config
+from plumbing import config
 import loop
-import models
-import rundir
+from plumbing import models, rundir
 from golden import continuation
 from tasks.livebench import load_builtin
 

@@ -196,7 +196,7 @@ def test_rm_balance_on_worked_example():
     balanced = r_samples([g], balance=True)
     assert [s.advantage for s in balanced] == [1.5, -1.5, -0.75, 0.75, -0.75, 0.75]
     assert rm.balance_weights([False, False]) == [1.0, 1.0]   # one class only: nothing to balance
-    from config import ConfigError, parse_args
+    from plumbing.config import ConfigError, parse_args
     with pytest.raises(ConfigError, match="--rm-balance"):   # coding's R writes tests: refused, never ignored
         parse_args(["--task", "livebench", "--model", "tiny", "--rm-balance"])
 
@@ -218,7 +218,7 @@ def test_rm_norm_batch_trains_unanimous_steps_by_hand():
     assert z == [pytest.approx([0.9623, -1.3472], abs=1e-4), pytest.approx([-0.5774, 0.9623], abs=1e-4)]
     assert rm.batch_consistency_rewards([(1.0, [1, 1])]) is None   # every raw reward equal
     assert rm.batch_consistency_rewards([]) is None and r_samples([], norm="batch") == []
-    from config import ConfigError, parse_args
+    from plumbing.config import ConfigError, parse_args
     with pytest.raises(ConfigError, match="--rm-norm"):
         parse_args(["--task", "livebench", "--model", "tiny", "--rm-norm", "batch"])
 

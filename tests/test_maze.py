@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-import models
+from plumbing import models
 import loop
 import tasks
 from loop_cli import two_iterations

@@ -1,12 +1,11 @@
-"""models.py, engines.py, ppo.py: loading (tiny + the embedded default, offline), decoding, log-probs, the Eq. 5 update."""
+"""plumbing/models.py, plumbing/engines.py, ppo.py: loading (tiny + the embedded default, offline), decoding, log-probs, the Eq. 5 update."""
 import pytest
 import torch
 
-import engines
-import models
+from plumbing import engines, models
 import ppo
 import records
-import rundir
+from plumbing import rundir
 
 
 @pytest.fixture(scope="module")

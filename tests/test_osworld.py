@@ -16,7 +16,7 @@ import numpy as np
 import psutil
 import pytest
 
-import models
+from plumbing import models
 import loop
 from loop_cli import two_iterations
 from records import Completion

@@ -1,4 +1,4 @@
-"""table1.py on the tiny model: 3 rows × 2 seeds × 2 iterations, killed mid-study and resumed, then
+"""scripts/table1.py on the tiny model: 3 rows × 2 seeds × 2 iterations, killed mid-study and resumed, then
 the table (mean ± std over seeds, per-seed values with their standard errors) and its figures. The
 stepwise row (claim 2) reads its frozen R from its seed's full cell."""
 import json
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import table1
+from scripts import table1
 
 ROOT = Path(__file__).resolve().parent.parent
 FLAGS = ["--task", "maze", "--seeds", "2", "--rows", "grpo,full,stepwise", "--model", "tiny", "--engine", "hf",
@@ -20,7 +20,7 @@ FLAGS = ["--task", "maze", "--seeds", "2", "--rows", "grpo,full,stepwise", "--mo
 
 
 def study(tmp_path, **kw):
-    return subprocess.Popen([sys.executable, str(ROOT / "table1.py"), *FLAGS, "--runs-dir", str(tmp_path)], cwd=ROOT,
+    return subprocess.Popen([sys.executable, str(ROOT / "scripts" / "table1.py"), *FLAGS, "--runs-dir", str(tmp_path)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, **kw)
 
 
@@ -62,7 +62,7 @@ def test_study_resumes_after_a_kill_and_prints_table1(tmp_path):
     assert (runs / "table1.png").stat().st_size > 5000 and (runs / "claims.png").stat().st_size > 5000
     thm1 = next(block for block in out.split("\n\n") if "| row | train μ |" in block)   # Theorem 1's table
     assert "in_domain μ, last eval" in thm1 and "| stepwise |" in thm1
-    again = subprocess.run([sys.executable, str(ROOT / "table1.py"), *FLAGS, "--runs-dir", str(tmp_path),
+    again = subprocess.run([sys.executable, str(ROOT / "scripts" / "table1.py"), *FLAGS, "--runs-dir", str(tmp_path),
                             "--report-only"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     tables = [x for x in out.splitlines() if x.startswith("|")]        # Table 1 and the dynamics table
     assert again.returncode == 0 and [x for x in again.stdout.splitlines() if x.startswith("|")] == tables

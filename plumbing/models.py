@@ -1,5 +1,5 @@
-"""Plumbing: loading and saving the models P, R and E run on (paper §3.4 uses 7B/8B models; the CPU
-default here is SmolLM2-135M), and where they compute (device, bf16, seeds).
+"""Plumbing, skip on a first read: loading and saving the models P, R and E run on (paper §3.4 uses
+7B/8B models; the CPU default here is SmolLM2-135M), and where they compute (device, bf16, seeds).
 
 Nothing here is part of the method: the files a reader studies next to the paper (policy.py,
 reward_model.py, environment.py, ppo.py, loop.py) call it to get a model and to save one.

@@ -1,6 +1,7 @@
-"""The run's configuration: every flag of loop.py with its generic default, each setting's own defaults
-(tasks/<task>.py DEFAULTS) and the released code's (--preset reference), validation with one-line
-errors, and --resume's saved config. Plumbing: the method's values are documented in docs/METHOD.md.
+"""Plumbing, skip on a first read: the run's configuration. Every flag of loop.py with its generic
+default, each setting's own defaults (tasks/<task>.py DEFAULTS) and the released code's (--preset
+reference), validation with one-line errors, and --resume's saved config. The method's values are
+documented in docs/METHOD.md.
 
 `python loop.py --task X --help` lists the flags with setting X's defaults; the flags only some
 settings read are grouped under those settings' names.
@@ -16,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import tasks
-from engines import ENGINES
-from models import bf16_fast
+from plumbing.engines import ENGINES
+from plumbing.models import bf16_fast
 
 ABLATIONS = {  # paper Table 1 rows: (use R's verdicts, train R, adapt the environment)
     "grpo": (False, False, False),          # outcome-only GRPO: no R, λ = 0
