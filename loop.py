@@ -40,7 +40,7 @@ import reward_model
 import tasks
 from plumbing.config import ABLATIONS, Config, ConfigError, check_distributed, describe, parse_args
 from plumbing.engines import make_engines, sync_seconds
-from plumbing.models import ModelError, add_lora, load, seed_everything
+from plumbing.models import ModelError, Trained, add_lora, load, seed_everything
 from ppo import LogProbs, make_optimizer, ppo_update
 from records import Sampling, stage
 from plumbing.rundir import Run, load_optimizer
@@ -148,8 +148,8 @@ def setup(cfg: Config, run: Run, use_rm: bool, adapt_env: bool):
     env_init = cfg.env_model or cfg.model if adapt_env and cfg.env_mode == "generate" else ""
     models, engines = build_models(cfg, use_rm, policy_init, rm_init, env_init)
     if cfg.resume:
-        for name, (_, _, optimizer, trainer) in models.items():
-            if optimizer is not None and not load_optimizer(optimizer, run.ckpt / name, trainer):
+        for name, m in models.items():
+            if m.optimizer is not None and not load_optimizer(m.optimizer, run.ckpt / name, m.trainer):
                 print(f"[loop] warning: {run.ckpt / name / 'optimizer.pt'} is missing: "
                       f"{name} goes on with a fresh AdamW state", flush=True)
     run.create(start)
@@ -166,17 +166,16 @@ def setup(cfg: Config, run: Run, use_rm: bool, adapt_env: bool):
     return adapter, slots, models, engines, start
 
 
-def optimize(cfg: Config, model_tok_opt, engine, samples, it: int, name: str) -> dict:
+def optimize(cfg: Config, trained: Trained, engine, samples, it: int, name: str) -> dict:
     """Eq. 5 on one model (ppo.ppo_update), then sync its engine. With --fresh-optimizer (the released
     code) every iteration starts from a new AdamW; otherwise the run's optimizer carries its moments over."""
-    _, tok, optimizer, trainer = model_tok_opt
-    optimizer = optimizer or make_optimizer(trainer, cfg.lr if name == "policy" else cfg.rm_lr)
+    optimizer = trained.optimizer or make_optimizer(trained.trainer, cfg.lr if name == "policy" else cfg.rm_lr)
     if 0 < cfg.max_train_samples < len(samples):  # a compute budget per iteration, not in the paper
         samples = random.Random(iteration_seed(cfg, it)).sample(samples, cfg.max_train_samples)
-    stats = ppo_update(trainer, optimizer, samples, tok.pad_token_id, steps=cfg.policy_steps if name == "policy"
-                       else cfg.rm_steps, clip_eps=cfg.clip_eps, kl_beta=cfg.kl_beta, micro_batch=cfg.micro_batch,
-                       amp=cfg.amp and cfg.train_amp, seed=it, log_ratio_clamp=cfg.log_ratio_clamp,
-                       warmup_steps=cfg.warmup_steps, target_kl=cfg.target_kl)
+    stats = ppo_update(trained.trainer, optimizer, samples, trained.tokenizer.pad_token_id,
+                       steps=cfg.policy_steps if name == "policy" else cfg.rm_steps, clip_eps=cfg.clip_eps,
+                       kl_beta=cfg.kl_beta, micro_batch=cfg.micro_batch, amp=cfg.amp and cfg.train_amp, seed=it,
+                       log_ratio_clamp=cfg.log_ratio_clamp, warmup_steps=cfg.warmup_steps, target_kl=cfg.target_kl)
     engine.sync()
     release_memory()
     return {f"losses/{name}_{k}": v for k, v in stats.items()}
@@ -220,9 +219,8 @@ def evaluate(cfg, adapter, engines) -> dict:
 # ───────────────────────────── models ─────────────────────────────
 
 def build_models(cfg: Config, use_rm: bool, policy_init: str, rm_init: str, env_init: str = ""):
-    """(name → (model, tokenizer, optimizer, trainer)) for the trained P and R, plus the engines of P, R
-    and the frozen E (only when `env_init` is given: E writes tasks in generate mode). The trainer is
-    what Eq. 5 updates: the model itself, or under torchrun its FSDP2-sharded copy (plumbing/dist.py)."""
+    """(name → Trained) for the trained P and R, plus the engines of P, R and the frozen E (only when
+    `env_init` is given: E writes tasks in generate mode)."""
     models = {}
     for name, init, lr, wanted in (("policy", policy_init, cfg.lr, True), ("reward_model", rm_init, cfg.rm_lr, use_rm)):
         if wanted:
@@ -235,8 +233,8 @@ def build_models(cfg: Config, use_rm: bool, policy_init: str, rm_init: str, env_
             if dist.active():   # train a sharded copy; `model` keeps the full weights the engine samples from
                 trainer = copy.deepcopy(model)
                 trainer = dist.shard(LogProbs(trainer), trainer.get_decoder().layers, bf16=cfg.amp and cfg.train_amp)
-            models[name] = (model, tok, None if cfg.fresh_optimizer else make_optimizer(trainer, lr), trainer)
-    to_serve = {k: (m, t) for k, (m, t, _, _) in models.items()}
+            models[name] = Trained(model, tok, None if cfg.fresh_optimizer else make_optimizer(trainer, lr), trainer)
+    to_serve = {k: (m.model, m.tokenizer) for k, m in models.items()}
     if env_init:
         to_serve["environment"] = load(env_init, cfg.seed)
     t0 = time.perf_counter()
@@ -245,7 +243,7 @@ def build_models(cfg: Config, use_rm: bool, policy_init: str, rm_init: str, env_
     print(f"[loop] engine {cfg.engine}: {type(engines['policy']).__name__} for {', '.join(engines)} "
           f"(ready in {time.perf_counter() - t0:.0f}s)", flush=True)
     if dist.active():   # each rank samples from a full copy, refreshed from the shards after every update
-        engines |= {k: dist.Synced(engines[k], models[k][3]) for k in models}
+        engines |= {k: dist.Synced(engines[k], m.trainer) for k, m in models.items()}
     return models, engines
 
 

@@ -3,7 +3,9 @@ Paper §3.1, "Policy: integrated feedback".
 
 The policy is rewarded per step by the outcome plus the reward model's step-wise
 verdicts; advantages are z-scored per step index across the task's group, and each
-step becomes a training sample of its own (a constant advantage over its tokens).
+step becomes a training sample of its own (a constant advantage over its tokens). R's verdicts
+S_{τ_i,j} are written by reward_model.py: `judge_steps` in the agent settings (R reads the step),
+`verdicts_from_tests` in coding (the program runs on R's m tests).
 
     >>> integrated_reward(+1, [1, -1, 1], lam=1.0)      # 1 + (1/3)·1
     1.3333333333333333

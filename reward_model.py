@@ -37,6 +37,27 @@ def parse_verdict(text: str) -> int:
     return {"1": 1, "+1": 1, "-1": -1}.get(boxes[0].strip(), 0)
 
 
+def write_tests(groups: list[Group], prompts: list[str], engine, cfg, prefix: str) -> list[list[tuple[str, str] | None]]:
+    """R in coding: m unit tests per task, one chat prompt per group (what R reads: the problem), in one
+    batched call; `prefix` starts each test. Fills group.tests; returns each test parsed (`parse_test`,
+    None when malformed). The verdicts S_j follow once every program has run on them (`verdicts_from_tests`)."""
+    outs = prefilled(engine, prompts, prefix, n=cfg.m, temperature=cfg.rm_temperature, top_p=cfg.rm_top_p,
+                     max_new_tokens=cfg.rm_max_new_tokens, desc="R writes tests")
+    for g, tests in zip(groups, outs):
+        g.tests = tests
+    return [[parse_test(c.text) for c in tests] for tests in outs]
+
+
+def verdicts_from_tests(parsed: list, passes: list[bool]) -> list[int]:
+    """S_{τ,j} of one program in coding: +1 when it passes R's test j, −1 when it fails it, 0 when test j is
+    malformed (Eq. 1 counts a 0 in m).
+
+        >>> verdicts_from_tests([("1\\n", "2\\n"), None, ("2\\n", "3\\n")], [True, False, False])
+        [1, 0, -1]
+    """
+    return [0 if t is None else (1 if ok else -1) for t, ok in zip(parsed, passes)]
+
+
 def judge_steps(groups: list[Group], engine, cfg, prefix: str = "") -> None:
     """R judges every step of every rollout m times (agent settings), in one batched call: each step's
     `judge_prompt` is what R reads; `prefix` starts R's answer (the maze setting has R answer its

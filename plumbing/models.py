@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -197,6 +198,17 @@ def tiny_model(seed: int = 0):
                          bos_token_id=None)
     config._name_or_path = "tiny"  # recorded as the base of a LoRA checkpoint, so `load` can rebuild it
     return LlamaForCausalLM(config), tok
+
+
+@dataclass
+class Trained:
+    """One model the loop trains (P or R): the full weights the engine samples from and the checkpoint saves,
+    its tokenizer, its AdamW (None with --fresh-optimizer: a new one every iteration), and the module Eq. 5
+    updates, `trainer`: the model itself, or under torchrun its FSDP2-sharded copy (plumbing/dist.py)."""
+    model: torch.nn.Module
+    tokenizer: object
+    optimizer: torch.optim.Optimizer | None
+    trainer: torch.nn.Module
 
 
 def save(model, tokenizer, path: str | Path, optimizer=None) -> None:

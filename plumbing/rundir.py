@@ -99,9 +99,9 @@ class Run:
                 self.prepare(models, slots)
             if dist.active():   # every rank writes its optimizer shards into ckpt.tmp (a collective)
                 dist.barrier()   # ... once rank 0 has recreated ckpt.tmp, or its rmtree races their mkdirs
-                for name, (_, _, optimizer, trainer) in models.items():
-                    if optimizer is not None:
-                        dist.save_optimizer(trainer, optimizer, self.dir / "ckpt.tmp" / name / "optimizer")
+                for name, m in models.items():
+                    if m.optimizer is not None:
+                        dist.save_optimizer(m.trainer, m.optimizer, self.dir / "ckpt.tmp" / name / "optimizer")
         if not self.writer:
             return
         if t_start is not None:
@@ -158,8 +158,8 @@ class Run:
         tmp = self.dir / "ckpt.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        for name, (model, tok, optimizer, _) in models.items():
-            save(model, tok, tmp / name, None if dist.active() else optimizer)   # torchrun: see `finish`
+        for name, m in models.items():
+            save(m.model, m.tokenizer, tmp / name, None if dist.active() else m.optimizer)   # torchrun: see `finish`
         (tmp / "env_state.json").write_text(json.dumps(env.slots_to_json(slots), indent=1))
 
     def commit(self, iteration: int) -> None:

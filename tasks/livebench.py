@@ -34,7 +34,7 @@ from pathlib import Path
 
 from plumbing.engines import prefilled, render_chat
 from records import Group, Rollout, Step, Task, stage
-from reward_model import parse_test, theorem1_metrics
+from reward_model import parse_test, theorem1_metrics, verdicts_from_tests, write_tests
 from tasks import AdapterBase, TaskError, accuracy, chosen_sets, eval_groups
 from tasks.sandbox import RunResult, outputs_match, run_many
 
@@ -460,17 +460,12 @@ class Adapter(AdapterBase):
         prompts = [render_chat(engine.tokenizer, (TEST_WRITER_PROMPT if g.task.data["format"] == "stdin"
                                                   else FUNCTIONAL_TEST_WRITER_PROMPT).format(problem=g.task.prompt))
                    for g in groups]
-        outs = prefilled(engine, prompts, TEST_PREFIX, n=cfg.m, temperature=cfg.rm_temperature, top_p=cfg.rm_top_p,
-                         max_new_tokens=cfg.rm_max_new_tokens, desc="R writes tests")
-        for g, tests in zip(groups, outs):
-            g.tests = tests
-            parsed = [parse_test(c.text) for c in tests]
+        for g, parsed in zip(groups, write_tests(groups, prompts, engine, cfg, TEST_PREFIX)):
             with stage(self.timings, "sandbox"):
                 g.test_passes = run_tests(g.task, [ro.program for ro in g.rollouts], parsed,
                                           cfg.sandbox_timeout)
             for ro, row in zip(g.rollouts, g.test_passes):
-                # S_j: +1 passes generated test j, −1 fails it, 0 when test j is malformed
-                ro.steps[0].verdicts = [0 if t is None else (1 if ok else -1) for t, ok in zip(parsed, row)]
+                ro.steps[0].verdicts = verdicts_from_tests(parsed, row)   # S_j of the program
 
     # — evaluation: Code / UT / Detect —
     def evaluate(self, sets: dict[str, list[Task]], policy, rm, cfg) -> dict:
