@@ -9,7 +9,7 @@ S_{τ_i,j} are written by reward_model.py: `judge_steps` in the agent settings (
 
     >>> integrated_reward(+1, [1, -1, 1], lam=1.0)      # 1 + (1/3)·1
     1.3333333333333333
-    >>> step_advantages([[2.0, 1.0], [-2.0, -0.5, -2.0]])
+    >>> step_advantages([[2.0, 1.0], [-2.0, -0.5, -2.0]], keep_single=True)
     [[1.0, 1.0], [-1.0, -1.0, -2.0]]
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ def zscore(values: list[float]) -> list[float] | None:
     return [(v - mean) / std for v in values]
 
 
-def step_advantages(rewards: list[list[float]], keep_single: bool = True) -> list[list[float]]:
+def step_advantages(rewards: list[list[float]], keep_single: bool) -> list[list[float]]:
     """Eq. 2: for each step index k, z-score R_{τ_k} over the rollouts of the group that reach step k.
 
     rewards[r][k] is rollout r's reward at step k. std ≈ 0 gives 0. A step index only one

@@ -90,14 +90,15 @@ def token_logprobs(model, input_ids, attention, chunk: int = 256, amp: bool = Tr
     return LogProbs(model, chunk)(input_ids, attention, amp)
 
 
-def token_loss(logp, logp_old, adv, clip_eps: float = 0.2, log_ratio_clamp: float = 10.0):
+def token_loss(logp, logp_old, adv, clip_eps: float, log_ratio_clamp: float):
     """Eq. 5 per token: the PPO-clip term and the k3 KL estimate to π_old, with r = π_θ/π_old.
 
         pg = −min(r·A, clip(r, 1−ε, 1+ε)·A)        kl = π_old/π_θ − log(π_old/π_θ) − 1
     log r is clamped to ±log_ratio_clamp before exp, as in the released code (0: no clamp).
     logp, logp_old: [b, L-1]; adv: [b]. Returns (pg, kl, r), each [b, L-1].
 
-        >>> pg, kl, r = token_loss(torch.tensor([[0.0, -1.0]]), torch.tensor([[-1.0, -1.0]]), torch.tensor([2.0]))
+        >>> pg, kl, r = token_loss(torch.tensor([[0.0, -1.0]]), torch.tensor([[-1.0, -1.0]]), torch.tensor([2.0]),
+        ...                        clip_eps=0.2, log_ratio_clamp=10.0)
         >>> pg.tolist(), round(kl[0, 0].item(), 4)          # r = e clipped to 1.2 → −1.2·2; kl = e^−1 + 1 − 1
         ([[-2.4000000953674316, -2.0]], 0.3679)
     """
@@ -116,9 +117,14 @@ def clipped(ratio, clip_eps: float):
     return ((ratio - 1).abs() > clip_eps).float()
 
 
-def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: int, clip_eps: float = 0.2,
-               kl_beta: float = 0.01, micro_batch: int = 4, amp: bool = True, max_grad_norm: float = 1.0,
-               seed: int = 0, log_ratio_clamp: float = 10.0, warmup_steps: int = 0, target_kl: float = 0.0) -> dict:
+# Eq. 5's constants as the released code sets them, which are also Config's generic defaults: scripts and
+# tests pass **RELEASED, the loop passes the run's flags.
+RELEASED = {"clip_eps": 0.2, "kl_beta": 0.01, "log_ratio_clamp": 10.0, "warmup_steps": 0, "target_kl": 0.0}
+
+
+def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: int, micro_batch: int, amp: bool,
+               seed: int, clip_eps: float, kl_beta: float, log_ratio_clamp: float, warmup_steps: int,
+               target_kl: float, max_grad_norm: float = 1.0) -> dict:
     """Eq. 5: `steps` PPO-clip optimizer steps over this iteration's samples.
 
     Per token t of sample i, with r = π_θ/π_old and the k3 KL estimator to π_old, the policy that

@@ -58,7 +58,7 @@ def verdicts_from_tests(parsed: list, passes: list[bool]) -> list[int]:
     return [0 if t is None else (1 if ok else -1) for t, ok in zip(parsed, passes)]
 
 
-def judge_steps(groups: list[Group], engine, cfg, prefix: str = "") -> None:
+def judge_steps(groups: list[Group], engine, cfg, prefix: str) -> None:
     """R judges every step of every rollout m times (agent settings), in one batched call: each step's
     `judge_prompt` is what R reads; `prefix` starts R's answer (the maze setting has R answer its
     verdict straight away). Fills step.judgments and step.verdicts."""

@@ -156,7 +156,7 @@ def m_train(args) -> None:
         step = lambda: baseline_step(model, optimizer, samples, tok.pad_token_id)  # noqa: E731
     else:
         step = lambda: ppo.ppo_update(model, optimizer, samples, tok.pad_token_id, steps=1, micro_batch=4,  # noqa: E731
-                                      amp=models.bf16_fast())
+                                      amp=models.bf16_fast(), seed=0, **ppo.RELEASED)
     step()  # warm-up (allocator, AdamW state)
     secs = statistics.median(timed(step, args.repeats))
     row = dict(part="train", variant=args.variant, s_per_step=secs, tok_s=8 * 512 / secs, peak_rss_gib=peak_rss_gib())
@@ -176,7 +176,7 @@ def m_dist(args) -> None:
     optimizer = ppo.make_optimizer(lp, 1e-6)
     mine = dist.shard_tasks(random_samples(len(tok)))
     step = lambda: ppo.ppo_update(lp, optimizer, mine, tok.pad_token_id, steps=1, micro_batch=4,  # noqa: E731
-                                  amp=models.bf16_fast())
+                                  amp=models.bf16_fast(), seed=0, **ppo.RELEASED)
     step()  # warm-up
     secs = statistics.median(timed(step, args.repeats))
     if rank == 0:
@@ -225,7 +225,8 @@ def m_ours_grpo(args) -> None:
         # every completion trains, as in TRL (the loop itself skips zero-advantage samples: less work)
         samples = [records.Sample(st.prompt_ids, st.response_ids, st.advantage)
                    for g in groups for ro in g.rollouts for st in ro.steps]
-        ppo.ppo_update(model, optimizer, samples, tok.pad_token_id, steps=1, micro_batch=4, amp=models.bf16_fast())
+        ppo.ppo_update(model, optimizer, samples, tok.pad_token_id, steps=1, micro_batch=4, amp=models.bf16_fast(),
+                       seed=0, **ppo.RELEASED)
         engine.sync()
 
     secs = timed(iteration, args.repeats)

@@ -52,13 +52,14 @@ def main() -> None:
         start = [p.detach().clone() for p in params]
         with torch.no_grad():
             old = lp(ids, att, amp=amp)                                                   # [B, L-1]
-        ppo.ppo_update(lp, ppo.make_optimizer(lp, 3e-5), samples, tok.pad_token_id, steps=2, micro_batch=8, amp=amp)
+        ppo.ppo_update(lp, ppo.make_optimizer(lp, 3e-5), samples, tok.pad_token_id, steps=2, micro_batch=8, amp=amp,
+                       seed=0, **ppo.RELEASED)
         new = [p.detach().clone() for p in params]
         for alpha in (1, 0.1, 0.01, 1e-3, 1e-4, 0):
             with torch.no_grad():
                 for p, p0, p1 in zip(params, start, new):
                     p.copy_(p0 + alpha * (p1 - p0))
-                _, kl, ratio = ppo.token_loss(lp(ids, att, amp=amp), old, adv)          # [B, L-1] each
+                _, kl, ratio = ppo.token_loss(lp(ids, att, amp=amp), old, adv, clip_eps=0.2, log_ratio_clamp=10.0)          # [B, L-1] each
             n = mask.sum()
             clip = (ppo.clipped(ratio, 0.2) * mask).sum() / n
             print(f"| {'bf16 autocast' if amp else 'fp32'} | {alpha:g} | {((kl * mask).sum() / n).item():.6f} | "

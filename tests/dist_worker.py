@@ -13,7 +13,7 @@ sys.path.insert(0, str(ROOT))
 
 from plumbing import dist  # noqa: E402
 from plumbing.models import load  # noqa: E402
-from ppo import LogProbs, make_optimizer, ppo_update  # noqa: E402
+from ppo import RELEASED, LogProbs, make_optimizer, ppo_update  # noqa: E402
 from records import Sample  # noqa: E402
 
 PROMPTS = ["the cat", "print(", "x = 2"]
@@ -38,7 +38,7 @@ def update(lp, optimizer, samples, pad_id, steps, target_kl=0.0):
     """One PPO update. With target_kl every rank must take the line search's decisions from the KL over every
     rank's tokens, as one process does."""
     return ppo_update(lp, optimizer, samples, pad_id, steps=steps, micro_batch=1, amp=False, seed=1,
-                      target_kl=target_kl)
+                      **{**RELEASED, "target_kl": target_kl})
 
 
 if __name__ == "__main__":

@@ -270,6 +270,8 @@ def test_each_setting_shows_its_own_defaults_and_the_released_values():
 
 
 def test_preset_reference_is_the_released_configuration_and_flags_still_win():
+    import ppo
+    assert {k: getattr(loop.Config, k) for k in ppo.RELEASED} == ppo.RELEASED   # Eq. 5's constants, one truth
     cfg = loop.parse_args(["--task", "livebench", "--preset", "reference"])
     assert (cfg.coding_reward, cfg.group_size, cfg.m, cfg.lr, cfg.policy_steps) == ("reference", 32, 16, 1e-6, 2)
     cfg = loop.parse_args(["--task", "alfworld", "--preset", "reference", "--group-size", "4"])

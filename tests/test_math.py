@@ -33,7 +33,7 @@ def test_worked_example_rewards():
 
 
 def test_worked_example_advantages_keep_single():
-    assert policy.step_advantages(WORKED_R) == [[1.0, 1.0], [-1.0, -1.0, -2.0]]
+    assert policy.step_advantages(WORKED_R, keep_single=True) == [[1.0, 1.0], [-1.0, -1.0, -2.0]]
 
 
 def test_worked_example_advantages_zero_single():
@@ -41,10 +41,10 @@ def test_worked_example_advantages_zero_single():
 
 
 def test_step_advantages_equal_rewards_and_three_rollouts():
-    assert policy.step_advantages([[1.0], [1.0], [1.0]]) == [[0.0], [0.0], [0.0]]
+    assert policy.step_advantages([[1.0], [1.0], [1.0]], keep_single=True) == [[0.0], [0.0], [0.0]]
     # values 1, 2, 3: mean 2, population std sqrt(2/3)
     s = math.sqrt(2 / 3)
-    adv = policy.step_advantages([[1.0], [2.0], [3.0]])
+    adv = policy.step_advantages([[1.0], [2.0], [3.0]], keep_single=True)
     assert [x[0] for x in adv] == pytest.approx([-1 / s, 0.0, 1 / s])
 
 
@@ -318,16 +318,18 @@ def test_token_loss_hand_values_and_log_ratio_clamp():
     import torch
     from ppo import token_loss
     logp, old, adv = torch.tensor([[0.0, -1.0, -1.5]]), torch.tensor([[-1.0, -1.0, -1.0]]), torch.tensor([2.0])
-    pg, kl, r = token_loss(logp, old, adv, clip_eps=0.2)
+    pg, kl, r = token_loss(logp, old, adv, clip_eps=0.2, log_ratio_clamp=10.0)
     # r = e, 1, e^−.5: A > 0 so min(r·A, clip(r)·A) = [1.2·2, 1·2, e^−.5·2]
     assert pg[0].tolist() == pytest.approx([-2.4, -2.0, -2 * math.exp(-0.5)])
     # k3: π_old/π_θ − log(π_old/π_θ) − 1 = e^−d + d − 1 with d = log r
     assert kl[0].tolist() == pytest.approx([math.exp(-1) + 1 - 1, 0.0, math.exp(0.5) - 0.5 - 1])
     # log r = 30 is clamped to 10 (released code) before exp; with the clamp off it is not
-    pg, kl, r = token_loss(torch.tensor([[30.0]]), torch.tensor([[0.0]]), torch.tensor([-1.0]))
+    pg, kl, r = token_loss(torch.tensor([[30.0]]), torch.tensor([[0.0]]), torch.tensor([-1.0]), clip_eps=0.2,
+                           log_ratio_clamp=10.0)
     assert r.item() == pytest.approx(math.exp(10)) and kl.item() == pytest.approx(math.exp(-10) + 9)
     assert pg.item() == pytest.approx(math.exp(10))              # A < 0: −min(r·A, 1.2·A) = r
-    _, kl, r = token_loss(torch.tensor([[30.0]]), torch.tensor([[0.0]]), torch.tensor([-1.0]), log_ratio_clamp=0)
+    _, kl, r = token_loss(torch.tensor([[30.0]]), torch.tensor([[0.0]]), torch.tensor([-1.0]), clip_eps=0.2,
+                          log_ratio_clamp=0)
     assert r.item() == pytest.approx(math.exp(30), rel=1e-4) and kl.item() == pytest.approx(29.0)
 
 

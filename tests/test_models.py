@@ -106,7 +106,8 @@ def test_ppo_update_moves_logprob_in_the_advantage_direction(tiny):
     before = seq_logprob(good), seq_logprob(bad)
     old = torch.cat([token_lps(good), token_lps(bad)])
     opt = ppo.make_optimizer(model, 1e-2)
-    stats = ppo.ppo_update(model, opt, samples, tok.pad_token_id, steps=1, micro_batch=2, amp=False)
+    stats = ppo.ppo_update(model, opt, samples, tok.pad_token_id, steps=1, micro_batch=2, amp=False, seed=0,
+                           **ppo.RELEASED)
     assert stats["kl"] == pytest.approx(0.0, abs=1e-6)      # first step: π_θ = π_old, ratio 1, k3 KL 0
     assert stats["clipfrac"] == 0.0
     assert stats["loss"] == pytest.approx(0.0, abs=1e-6)    # −(1·1 + 1·(−1))/2
@@ -118,7 +119,8 @@ def test_ppo_update_moves_logprob_in_the_advantage_direction(tiny):
     assert stats["update_kl"] == pytest.approx((torch.exp(-d) + d - 1).mean().item(), rel=1e-4)
     assert stats["update_clipfrac"] == pytest.approx(((d.exp() - 1).abs() > 0.2).float().mean().item())
     assert stats["update_kl"] > 0 and stats["entropy"] > 0
-    assert ppo.ppo_update(model, opt, [], tok.pad_token_id, steps=1) == {}
+    assert ppo.ppo_update(model, opt, [], tok.pad_token_id, steps=1, micro_batch=2, amp=False, seed=0,
+                          **ppo.RELEASED) == {}
 
 
 def test_entropy_of_the_trained_tokens_is_that_of_the_full_distribution(tiny):
@@ -162,11 +164,11 @@ def test_ppo_update_with_a_target_kl_stays_inside_it(tiny):
     samples = [records.Sample(prompt, tok(t, add_special_tokens=False)["input_ids"], a)
                for t, a in (("good", 1.0), ("bad!", -1.0), ("fine", 0.5), ("nope", -0.5))]
     free = ppo.ppo_update(model, ppo.make_optimizer(model, 1e-2), samples, tok.pad_token_id, steps=2, micro_batch=2,
-                          amp=False)
+                          amp=False, seed=0, **ppo.RELEASED)
     assert free["update_kl"] > 0.01 and free["step_scale"] == 1.0
     model = models.load("tiny", seed=0)[0]
     held = ppo.ppo_update(model, ppo.make_optimizer(model, 1e-2), samples, tok.pad_token_id, steps=2, micro_batch=2,
-                          amp=False, target_kl=0.01)
+                          amp=False, seed=0, **{**ppo.RELEASED, "target_kl": 0.01})
     assert 0 < held["update_kl"] <= 0.01 and held["step_scale"] < 1.0
 
 
