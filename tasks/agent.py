@@ -27,7 +27,7 @@ HISTORY = 3   # P and R see the last HISTORY actions
 
 def parse_choice(text: str, n: int) -> int | None:
     """The 1-based index in the last \\boxed{k} of an answer, if 1 <= k <= n (a numbered-menu action)."""
-    found = [b.strip() for b in boxed(text) if b.strip().isdigit()]
+    found = [b.strip() for b in boxed(text) if b.strip().isdecimal()]   # what int() reads: not "¹"
     return int(found[-1]) if found and 1 <= int(found[-1]) <= n else None
 
 

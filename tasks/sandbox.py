@@ -826,7 +826,7 @@ def cleanup_stale(max_age_s: float = 24 * 3600.0) -> int:
         if not stat.S_ISDIR(st.st_mode) or st.st_uid not in owners:
             continue
         creator = entry.name[len(RUN_PREFIX):].split("-", 1)[0]
-        if now - st.st_mtime < max_age_s and not (creator.isdigit() and not _pid_alive(int(creator))):
+        if now - st.st_mtime < max_age_s and not (creator.isdecimal() and not _pid_alive(int(creator))):
             continue
         _remove_dir(entry.path)
         removed += not os.path.lexists(entry.path)

@@ -132,6 +132,9 @@ def test_step_label_and_parse_choice_hand_worked():
     assert parse_choice("\\boxed{2}", 3) == 2
     assert parse_choice("first \\boxed{1} then \\boxed{ 3 }", 3) == 3
     assert parse_choice("\\boxed{4}", 3) is None and parse_choice("3", 3) is None
+    # model-written digits int() cannot read are no move (a maze policy wrote \boxed{¹}); ones it can are
+    assert parse_choice("\\boxed{¹}", 3) is None and parse_choice("\\boxed{²}", 3) is None
+    assert parse_choice("\\boxed{３}", 3) == 3
 
 
 def test_rewrite_with_a_type_absent_from_the_scene_is_rejected(adapter):
