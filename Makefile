@@ -39,11 +39,11 @@ APT = if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SU
 # mode, which says so loudly at start (docs/SECURITY.md)
 sandbox:
 	@command -v bwrap >/dev/null || ($(call APT,bubblewrap)) || \
-		echo "make: bubblewrap not installed (no root or sudo): the sandbox runs in rlimit mode (docs/SECURITY.md)"
+		echo "make: bubblewrap could not be installed (apt-get needs root or sudo and a free dpkg lock): the sandbox runs in rlimit mode (docs/SECURITY.md)"
 
 osworld:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || ($(call APT,chromium chromium-driver)) || \
-		{ echo "make: Chromium is missing and cannot be installed here (no root or sudo): apt-get install chromium chromium-driver"; exit 1; }
+		{ echo "make: Chromium is missing and apt-get could not install it (it needs root or sudo and a free dpkg lock): apt-get install chromium chromium-driver"; exit 1; }
 
 # GPU machines: vLLM with its CUDA torch in a venv of its own, then the rest of requirements.txt without its
 # CPU torch pin (docs/SETUP.md)

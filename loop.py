@@ -43,7 +43,7 @@ from plumbing.engines import make_engines, sync_seconds
 from plumbing.models import ModelError, Trained, add_lora, load, seed_everything
 from ppo import LogProbs, make_optimizer, ppo_update
 from records import Sampling, stage
-from plumbing.rundir import Run, load_optimizer
+from plumbing.rundir import INTERRUPTED, Run, load_optimizer, on_sigint
 from tasks import sandbox
 
 __all__ = ["ABLATIONS", "Config", "ConfigError", "describe", "parse_args", "train", "main"]
@@ -97,7 +97,8 @@ def train(cfg: Config) -> Path:
                 with stage(timings, "train_rm"):
                     stats |= optimize(cfg, models["reward_model"], engines["reward_model"], r_samples, it, "rm")
             # 7. log, evaluate every --eval-every iterations, checkpoint
-            row = iteration_row(groups, is_active, p_samples, r_samples, slots, env_stats, cfg.m) | stats
+            row = iteration_row(groups, is_active, p_samples, r_samples, slots, env_stats, cfg.m,
+                                adapter.train_metrics([g for g, a in zip(groups, is_active) if a])) | stats
             run.samples(groups, it)
             if eval_due(cfg, it):
                 with stage(timings, "eval"):
@@ -107,6 +108,8 @@ def train(cfg: Config) -> Path:
             run.finish(it, row | timings | memory(), models, slots, t_start)
             if run.writer:
                 print(summary(it, row | timings), flush=True)
+            if INTERRUPTED.is_set():   # a Ctrl-C that a destructor swallowed (rundir.on_sigint)
+                raise KeyboardInterrupt
     return run.dir
 
 
@@ -181,12 +184,13 @@ def optimize(cfg: Config, trained: Trained, engine, samples, it: int, name: str)
     return {f"losses/{name}_{k}": v for k, v in stats.items()}
 
 
-def iteration_row(groups, is_active, p_samples, r_samples, slots, env_stats, m: int) -> dict:
+def iteration_row(groups, is_active, p_samples, r_samples, slots, env_stats, m: int, setting_metrics: dict) -> dict:
     """What one iteration logs about its rollouts, samples and slots (metrics.jsonl, TensorBoard), with
     the signs of a collapse over every rollout played: the share of P's answers that are no valid action
     or program, of R's judgments with no verdict (coding: malformed tests), and their mean lengths in tokens;
     and R's Theorem 1 quantities over the played steps (`reward_model.theorem1_metrics`: against the
-    outcomes, and against the step labels where the setting has them)."""
+    outcomes, and against the step labels where the setting has them); and the setting's own
+    (`train_metrics`: in coding, where R's training signal is lost)."""
     rollouts = [ro for g in groups for ro in g.rollouts]
     steps = [st for ro in rollouts for st in ro.steps]
     thm1 = reward_model.theorem1_metrics(rollouts, m, labels=any(st.label is not None for st in steps)) \
@@ -203,7 +207,8 @@ def iteration_row(groups, is_active, p_samples, r_samples, slots, env_stats, m: 
             "train/verdict_mean": _mean([v for g in groups for ro in g.rollouts for st in ro.steps
                                          for v in st.verdicts]),
             "env/mean_level": _mean([s.active.level for s in slots.values() if s.active.level is not None]),
-            **{f"train/{k}": v for k, v in thm1.items()}, **{f"env/{k}": v for k, v in env_stats.items()}}
+            **{f"train/{k}": v for k, v in (thm1 | setting_metrics).items()},
+            **{f"env/{k}": v for k, v in env_stats.items()}}
 
 
 def memory() -> dict:
@@ -352,4 +357,5 @@ if __name__ == "__main__":
     # SIGTERM (kill, a scheduler) exits like Ctrl-C does, so exit handlers run: the osworld task's
     # browsers are killed with the run. The checkpoint is atomic either way.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, on_sigint)
     dist.exit_process(main())

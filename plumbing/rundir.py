@@ -10,6 +10,7 @@ import json
 import math
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -191,16 +192,29 @@ class Run:
             f.write(json.dumps(row) + "\n")
 
 
+INTERRUPTED = threading.Event()
+
+
+def on_sigint(*_):
+    """loop.py's Ctrl-C: KeyboardInterrupt, as Python's own handler raises it, and remembered, because one that lands
+    inside a destructor (a progress bar's __del__) is printed and dropped there: `train` stops after the iteration."""
+    INTERRUPTED.set()
+    raise KeyboardInterrupt
+
+
 # curve.png's dynamics panels, for P and for R: shares on a linear axis (a collapse takes the unparseable
 # share to 1, a constant R its mean verdict to ±1), then entropy and the update's KL on a log axis, then
-# R's Theorem 1 quantities (a constant R has μ = 1 and 𝒜 = 0; reward_model.theorem1).
+# R's Theorem 1 quantities (a constant R has μ = 1 and 𝒜 = 0; reward_model.theorem1), and in coding the share of
+# groups in R's band, of those whose tests tie, and of R's tests that are distinct and correct.
 DYNAMICS = [("P: answers and update", ["train/policy_unparseable", "losses/policy_update_clipfrac"], (0, 1)),
             ("R: answers and update", ["train/rm_unparseable", "losses/rm_update_clipfrac", "train/verdict_mean"],
              (-1, 1)),
             ("P: entropy and KL per update", ["losses/policy_entropy", "losses/policy_update_kl"], "log"),
             ("R: entropy and KL per update", ["losses/rm_entropy", "losses/rm_update_kl"], "log"),
             ("R: Theorem 1 on the training steps (μ > 1: R beats a constant verdict)",
-             ["train/thm1_mu", "train/thm1_precision", "train/thm1_bound", "train/thm1_label_mu"], (0, 2))]
+             ["train/thm1_mu", "train/thm1_precision", "train/thm1_bound", "train/thm1_label_mu"], (0, 2)),
+            ("coding R: where its training signal goes (tasks.livebench.rm_funnel)",
+             ["train/rm_band", "train/rm_tied", "train/rm_tests_distinct", "train/rm_tests_correct"], (0, 1))]
 
 
 def plot_curve(rows: list[dict], path: Path) -> None:
@@ -212,7 +226,7 @@ def plot_curve(rows: list[dict], path: Path) -> None:
 
     evals = sorted({k for r in rows for k in r if k.startswith("eval/") and tasks.headline(k)})
     thm1 = sorted({k for r in rows for k in r if k.startswith("eval/") and k.endswith(("thm1_mu", "thm1_label_mu"))})
-    fig, axes = plt.subplots(4, 2, figsize=(11, 13))
+    fig, axes = plt.subplots(5, 2, figsize=(11, 16))
     panels = [("training accuracy (active tasks)", ["train/acc"], None),
               ("eval: the paper's Table 1 columns", evals, None), *DYNAMICS,
               ("R: Theorem 1's μ at eval (against outcomes; _label_: against step labels)", thm1, (0, 2))]
@@ -230,6 +244,8 @@ def plot_curve(rows: list[dict], path: Path) -> None:
             elif scale:
                 ax.set_ylim(scale[0] - 0.03, scale[1] + 0.03)
         ax.grid(alpha=0.3)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

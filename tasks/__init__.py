@@ -108,6 +108,11 @@ class AdapterBase:
         timings, self.timings = self.timings, {}
         return timings
 
+    def train_metrics(self, groups: list[Group]) -> dict:
+        """A setting's own diagnostics of the iteration's training groups, logged as train/<key> (coding: where
+        R's signal goes); none by default."""
+        return {}
+
 
 def chosen_sets(sets: dict[str, list[Task]], cfg) -> dict[str, list[Task]]:
     """What an eval plays: the eval sets (every non-empty set but "train" and "validation"), or under

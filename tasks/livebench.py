@@ -34,7 +34,7 @@ from pathlib import Path
 
 from plumbing.engines import prefilled, render_chat
 from records import Group, Rollout, Step, Task, stage
-from reward_model import parse_test, theorem1_metrics, verdicts_from_tests, write_tests
+from reward_model import RM_ACC_RANGE, parse_test, theorem1_metrics, unit_test_rewards, verdicts_from_tests, write_tests
 from tasks import AdapterBase, TaskError, accuracy, chosen_sets, eval_groups
 from tasks.sandbox import RunResult, outputs_match, run_many
 
@@ -380,6 +380,40 @@ def coding_metrics(gt_pass: list[list[bool]], passes: list[list[list[bool]]], te
 
 # ───────────────────────────── the adapter ─────────────────────────────
 
+def rm_funnel(groups: list[Group], acc_range: tuple[float, float] = RM_ACC_RANGE) -> dict:
+    """Where coding R's training signal is lost, per iteration (shares over the iteration's groups / tests):
+    rm_band: groups in R's accuracy band (the only ones `rm_samples` reads); rm_tied: of those, groups whose
+    m test rewards are all equal (`unit_test_rewards` is None: no sample); rm_tests_malformed: tests that do
+    not parse; rm_tests_distinct: distinct tests per group over m (copies of one test tie); rm_tests_correct:
+    over groups with a GT code, parsed tests that every GT code passes.
+
+        >>> from records import Completion, Rollout, Task
+        >>> t1, t2 = (Completion(f"Input: {i}\\nOutput: {i + 1}", [], [], "stop") for i in (1, 2))
+        >>> ros = [Rollout("t", [], 1, 1.0), Rollout("t", [], -1, 0.0)]   # a GT code and a wrong one
+        >>> g = Group(Task("t", "", {}), ros, tests=[t1, t1, t2], test_passes=[[True, True, False]] * 2)
+        >>> f = rm_funnel([g])   # both programs pass t1 and fail t2: every test reward is 0, the group ties
+        >>> f["rm_band"], f["rm_tied"], round(f["rm_tests_distinct"], 3), round(f["rm_tests_correct"], 3)
+        (1.0, 1.0, 0.667, 0.667)
+    """
+    nan = float("nan")
+    band = [g for g in groups if acc_range[0] <= g.acc <= acc_range[1]]
+    tied = [g for g in band if unit_test_rewards([ro.outcome > 0 for ro in g.rollouts], g.test_passes) is None]
+    parsed = [[parse_test(c.text) for c in g.tests] for g in groups]
+    correct, judged = 0, 0
+    for g, tests in zip(groups, parsed):
+        gt = [row for ro, row in zip(g.rollouts, g.test_passes) if ro.outcome > 0]
+        for k, t in enumerate(tests):
+            if gt and t is not None:
+                judged += 1
+                correct += all(row[k] for row in gt)
+    n_tests = sum(map(len, parsed))
+    return {"rm_band": len(band) / len(groups) if groups else nan, "rm_tied": len(tied) / len(band) if band else nan,
+            "rm_tests_malformed": sum(t is None for ts in parsed for t in ts) / n_tests if n_tests else nan,
+            "rm_tests_distinct": sum(len({c.text.strip() for c in g.tests}) / len(g.tests) for g in groups if g.tests)
+            / max(sum(bool(g.tests) for g in groups), 1),
+            "rm_tests_correct": correct / judged if judged else nan}
+
+
 class Adapter(AdapterBase):
     """LiveBench coding adapter: one step per episode (the whole program), R writes tests."""
 
@@ -466,6 +500,9 @@ class Adapter(AdapterBase):
                                           cfg.sandbox_timeout)
             for ro, row in zip(g.rollouts, g.test_passes):
                 ro.steps[0].verdicts = verdicts_from_tests(parsed, row)   # S_j of the program
+
+    def train_metrics(self, groups: list[Group]) -> dict:
+        return rm_funnel(groups) if any(g.tests for g in groups) else {}   # no R (grpo): nothing to trace
 
     # — evaluation: Code / UT / Detect —
     def evaluate(self, sets: dict[str, list[Task]], policy, rm, cfg) -> dict:

@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import pytest
 
 import environment as env
-from records import Completion, Group, Rollout, Sampling, Step
+from records import Completion, Group, Rollout, Sampling, Step, Task
 from tasks import TaskError
 from tasks.livebench import (Adapter, compiles, extract_code, given_lines, load_builtin, load_humaneval, load_livebench,
-                             run_gt, run_tests)
+                             rm_funnel, run_gt, run_tests)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -317,3 +317,19 @@ def test_first_failure_stops_a_programs_tests_with_the_same_verdict(monkeypatch)
     assert short[1] == full[1] == [True] * n and not any(short[2])
     first_fail = full[0].index(False)          # print(0) runs until its first failed test, the hang once
     assert sum(ran) == (first_fail + 1) + n + 1 < 3 * n
+
+
+def test_rm_funnel_counts_band_ties_and_wrong_tests_by_hand():
+    """reward_model's coding reward sees this group: 2 GT codes and a wrong program, R's 3 tests: t1 correct (the
+    wrong program fails it), t2 wrong (a GT code fails it), and one that does not parse."""
+    ok = [Completion(f"Input: {i}\nOutput: {i}", [], [], "stop") for i in (1, 2)]
+    tests = [ok[0], ok[1], Completion("no test here", [], [], "stop")]
+    ros = [Rollout("t", [], 1, 1.0), Rollout("t", [], 1, 1.0), Rollout("t", [], -1, 0.0)]
+    g = Group(Task("t", "", {}), ros, tests=tests, test_passes=[[True, True, False], [True, False, False],
+                                                                 [False, True, False]])
+    far = Group(Task("u", "", {}), [Rollout("u", [], -1, 0.0)] * 3, tests=tests, test_passes=[[False] * 3] * 3)
+    f = rm_funnel([g, far])
+    assert f["rm_band"] == 0.5                       # acc 2/3 is in [0.2, 0.8], acc 0 is not
+    assert f["rm_tied"] == 0.0                       # t1 +1, t2 −1, malformed 0: not all equal
+    assert f["rm_tests_malformed"] == 2 / 6 and f["rm_tests_distinct"] == 1.0
+    assert f["rm_tests_correct"] == 0.5              # of g's 2 parsed tests (far has no GT code), t1 only
