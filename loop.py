@@ -83,6 +83,7 @@ def train(cfg: Config) -> Path:
                                                           env_sampling(cfg), retries=cfg.env_retries, iteration=it)
                     slots, train_groups, env_stats = dist.broadcast((slots, train_groups, env_stats))
             # 5. Eq. 1-2 on every step, then P's samples and R's (Eq. 3), from this rank's share of the groups
+            setting_stats = adapter.train_metrics(train_groups)   # every rank's groups (coding: R's funnel)
             train_groups = dist.shard_tasks(train_groups)
             policy.score_steps(train_groups, lam=cfg.lam, keep_single=not cfg.zero_single,
                                reward="stepwise" if cfg.ablation == "stepwise" else cfg.coding_reward)
@@ -97,8 +98,7 @@ def train(cfg: Config) -> Path:
                 with stage(timings, "train_rm"):
                     stats |= optimize(cfg, models["reward_model"], engines["reward_model"], r_samples, it, "rm")
             # 7. log, evaluate every --eval-every iterations, checkpoint
-            row = iteration_row(groups, is_active, p_samples, r_samples, slots, env_stats, cfg.m,
-                                adapter.train_metrics([g for g, a in zip(groups, is_active) if a])) | stats
+            row = iteration_row(groups, is_active, p_samples, r_samples, slots, env_stats, cfg.m, setting_stats) | stats
             run.samples(groups, it)
             if eval_due(cfg, it):
                 with stage(timings, "eval"):

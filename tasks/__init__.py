@@ -109,8 +109,8 @@ class AdapterBase:
         return timings
 
     def train_metrics(self, groups: list[Group]) -> dict:
-        """A setting's own diagnostics of the iteration's training groups, logged as train/<key> (coding: where
-        R's signal goes); none by default."""
+        """A setting's own diagnostics of the groups P and R train on this iteration (after E's decisions),
+        logged as train/<key> (coding: where R's signal goes); none by default."""
         return {}
 
 

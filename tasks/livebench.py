@@ -29,6 +29,7 @@ import json
 import pickle
 import random
 import re
+import warnings
 import zlib
 from pathlib import Path
 
@@ -277,9 +278,12 @@ def extract_code(text: str) -> str:
 
 
 def compiles(program: str) -> bool:
-    """The program is Python that compiles (a policy answer that is one is "parsed"). compile() runs nothing."""
+    """The program is Python that compiles (a policy answer that is one is "parsed"). compile() runs nothing; the
+    SyntaxWarnings it raises on a model's program (e.g. `x[1, 2]` on a str literal) are not shown to the user."""
     try:
-        compile(program, "<policy>", "exec")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compile(program, "<policy>", "exec")
     except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
         return False
     return True

@@ -4,6 +4,7 @@ import json
 import os
 import pickle
 import re
+import warnings
 import zlib
 from collections import Counter
 from pathlib import Path
@@ -64,6 +65,14 @@ def test_a_program_that_does_not_compile_is_unparseable():
     assert compiles("n = int(input())\nprint(n + 1)\n") and compiles("")
     for bad in ("print(", "Here is the code: print(1)", "x = 1\x00", "(" * 300 + ")" * 300):
         assert not compiles(bad)
+
+
+def test_a_models_compile_time_warning_is_not_shown():
+    """compile() warns (SyntaxWarning) on `"ab"[1, 2]`; a model's program is no reason to print to the user."""
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        assert compiles('x = "ab"[1, 2]\n') and compiles("assert (1, 'never false')\n")
+    assert shown == []
 
 
 def test_wrong_programs_fail():
