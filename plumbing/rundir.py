@@ -211,9 +211,9 @@ DYNAMICS = [("P: answers and update", ["train/policy_unparseable", "losses/polic
              (-1, 1)),
             ("P: entropy and KL per update", ["losses/policy_entropy", "losses/policy_update_kl"], "log"),
             ("R: entropy and KL per update", ["losses/rm_entropy", "losses/rm_update_kl"], "log"),
-            ("R: Theorem 1 on the training steps (μ > 1: R beats a constant verdict)",
+            ("R: Theorem 1, training steps (μ > 1: beats a constant)",
              ["train/thm1_mu", "train/thm1_precision", "train/thm1_bound", "train/thm1_label_mu"], (0, 2)),
-            ("coding R: where its training signal goes (tasks.livebench.rm_funnel)",
+            ("coding R: where its signal goes (rm_funnel)",
              ["train/rm_band", "train/rm_tied", "train/rm_tests_distinct", "train/rm_tests_correct"], (0, 1))]
 
 
@@ -229,7 +229,7 @@ def plot_curve(rows: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(5, 2, figsize=(11, 16))
     panels = [("training accuracy (active tasks)", ["train/acc"], None),
               ("eval: the paper's Table 1 columns", evals, None), *DYNAMICS,
-              ("R: Theorem 1's μ at eval (against outcomes; _label_: against step labels)", thm1, (0, 2))]
+              ("R: Theorem 1's μ at eval (_label_: against step labels)", thm1, (0, 2))]
     for ax, (title, group, scale) in zip(axes.flat, panels):   # scale: "log", fixed (low, high) limits, or None
         for k in group:
             pts = [(r["iteration"], r[k]) for r in rows if k in r and not math.isnan(r[k]) and (scale != "log" or r[k] > 0)]

@@ -77,13 +77,13 @@ def test_an_unparseable_answer_counts_as_one():
     cfg = SimpleNamespace(**{**vars(CFG), "max_turns": 1})
     groups = adapter.rollout([task], 3, ScriptedEngine(lambda p: next(answers)), cfg)
     assert [st.parsed for ro in groups[0].rollouts for st in ro.steps] == [True, False, False]
-    row = loop.iteration_row(groups, [True], [], [], {}, {}, m=3)
+    row = loop.iteration_row(groups, [True], [], [], {}, {}, m=3, setting_metrics={})
     assert row["train/policy_unparseable"] == pytest.approx(2 / 3)
     assert row["train/policy_response_len"] == 1          # the test double's one response token
     steps = [st for ro in groups[0].rollouts for st in ro.steps]
     for st, verdicts in zip(steps, ([1, 0], [0, 0], [-1, 1])):   # R's judgments: 0 is no verdict
         st.verdicts = verdicts
-    assert loop.iteration_row(groups, [True], [], [], {}, {}, m=3)["train/rm_unparseable"] == pytest.approx(3 / 6)
+    assert loop.iteration_row(groups, [True], [], [], {}, {}, m=3, setting_metrics={})["train/rm_unparseable"] == pytest.approx(3 / 6)
 
 
 def test_scripted_optimal_policy_wins_at_every_level_in_the_fewest_steps(adapter):
