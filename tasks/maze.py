@@ -35,14 +35,18 @@ from tasks.agent import HISTORY, AgentAdapter, Episode, parse_choice
 # The teaching setting's CPU defaults (each one a flag); run times are in docs/STUDIES.md. The step size was chosen on
 # the validation split (docs/SWEEP.md): P's and R's updates in fp32 (bf16 rounding alone moves their 1-3-token
 # answers' log-probs by ~0.1), LR 3e-6 and a trust region of KL 0.01 per update; the AdamW stays the released
-# fresh one per iteration (docs/METHOD.md, deviation 28).
+# fresh one per iteration (docs/METHOD.md, deviation 28). Sampling is fp32 too (amp off): the embedded model's
+# weights come from a 4-bit GGUF and 8 % of them sit exactly halfway between two bf16 values, so an update far
+# below bf16's resolution flips them all in its own direction, and a bf16 sampler acts on a much larger step
+# than the trainer took (after one R update: P(verdict −1) 0.24 → 0.30 in fp32, 0.25 → 0.78 sampled in bf16;
+# scripts/sampler_check.py, docs/NOTES.md).
 DEFAULTS = {
     "tasks_per_iter": 6, "group_size": 8, "max_turns": 6, "max_new_tokens": 3, "m": 3, "rm_max_new_tokens": 3,
     "temperature": 1.0, "top_p": 1.0, "rm_temperature": 1.0, "rm_top_p": 1.0, "env_mode": "variants",
     "env_retries": 4, "env_max_new_tokens": 64, "policy_steps": 2, "rm_steps": 2, "acc_lower": 1 / 8,
     "acc_upper": 7 / 8, "drop_zero_adv": True, "iterations": 8, "eval_every": 4, "eval_samples": 2,
     "eval_temperature": 1.0, "eval_tasks": 0, "micro_batch": 16, "max_train_samples": 32, "lr": 3e-6, "rm_lr": 3e-6,
-    "target_kl": 0.01, "train_amp": False, "grad_checkpointing": False,
+    "target_kl": 0.01, "amp": False, "train_amp": False, "grad_checkpointing": False,
 }
 # The maze is in neither the paper nor the released code: --preset reference gives it the released optimizer,
 # a new AdamW every iteration at a constant LR of 1e-6 (the released code's, for 7B models).

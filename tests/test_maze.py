@@ -8,6 +8,7 @@ import pytest
 
 from plumbing import models
 import loop
+from plumbing.models import bf16_fast
 import tasks
 from loop_cli import two_iterations
 from records import Completion
@@ -152,3 +153,11 @@ def test_cli_two_iterations_each_ablation(tmp_path, ablation):
                           "--eval-every", "0")
     assert "eval/ood/success" in rows[0] and "eval/in_domain/success_se" in rows[-1]
     assert ("eval/in_domain/process_acc" in rows[-1]) == (ablation != "grpo")
+
+
+def test_the_maze_samples_in_fp32_like_its_updates():
+    """The maze's P and R update in fp32 with tiny steps; a bf16 sampler would act on those steps amplified
+    (scripts/sampler_check.py), so its defaults sample in fp32 too, and --amp still asks for bf16."""
+    cfg = loop.parse_args(["--task", "maze"])
+    assert not cfg.amp and not cfg.train_amp
+    assert loop.parse_args(["--task", "maze", "--amp"]).amp == bf16_fast()   # bf16 only where it is native
