@@ -41,6 +41,7 @@ import tasks
 from plumbing.config import ABLATIONS, Config, ConfigError, check_distributed, describe, parse_args
 from plumbing.engines import make_engines, sync_seconds
 from plumbing.models import ModelError, Trained, add_lora, load, seed_everything
+from plumbing.vision import freeze_tower
 from ppo import LogProbs, make_optimizer, ppo_update
 from records import Sampling, stage
 from plumbing.rundir import INTERRUPTED, Run, load_optimizer, on_sigint
@@ -232,6 +233,7 @@ def build_models(cfg: Config, use_rm: bool, policy_init: str, rm_init: str, env_
             model, tok = load(init, cfg.seed)
             if cfg.lora_rank and not hasattr(model, "peft_config"):  # a resumed LoRA checkpoint has them already
                 model = add_lora(model, cfg.lora_rank)
+            freeze_tower(model, train=cfg.train_vision)   # a vision-language model's vision tower; else nothing
             if cfg.grad_checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             trainer = model

@@ -14,12 +14,12 @@ import random
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from plumbing import dist
+from plumbing import dist, vision
 from plumbing.models import amp_context
 from records import Sample
 
 def _collate(samples: list[Sample], pad_id: int, device):
-    """Right-padded batch. mask[b, t] = 1 where token t+1 is a response token."""
+    """Right-padded batch. mask[b, t] = 1 where token t+1 is a response token; last, the rows' pixel inputs."""
     seqs = [s.prompt_ids + s.response_ids for s in samples]
     width = max(map(len, seqs))
     input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)  # [B, L]
@@ -30,7 +30,7 @@ def _collate(samples: list[Sample], pad_id: int, device):
         attention[b, :len(seq)] = 1
         mask[b, len(s.prompt_ids) - 1:len(seq) - 1] = 1
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)  # [B]
-    return input_ids.to(device), attention.to(device), mask.to(device), adv.to(device)
+    return input_ids.to(device), attention.to(device), mask.to(device), adv.to(device), [s.vision for s in samples]
 
 
 class LogProbs(torch.nn.Module):
@@ -44,12 +44,15 @@ class LogProbs(torch.nn.Module):
         super().__init__()
         self.model, self.chunk = model, chunk
 
-    def forward(self, input_ids, attention, amp: bool = True, entropy_at=None):
+    def forward(self, input_ids, attention, amp: bool = True, entropy_at=None, visions=None):
         """[B, L-1] log-probs. With entropy_at, a [B, L-1] bool mask (the response tokens), also the
-        [B, L-1] entropy of π at those positions (0 elsewhere; no gradient), from the same chunked logits."""
+        [B, L-1] entropy of π at those positions (0 elsewhere; no gradient), from the same chunked logits.
+        visions: the rows' screenshots (Completion.vision, or None), for a vision-language model (plumbing/vision.py)."""
+        images = vision.batch_inputs(self.model, input_ids, visions or [])
+        trunk = vision.backbone(self.model) if images else self.model.get_decoder()   # with the vision tower
         with amp_context(amp):
-            hidden = self.model.get_decoder()(input_ids=input_ids, attention_mask=attention,
-                                             use_cache=False).last_hidden_state  # no KV cache in training
+            hidden = trunk(input_ids=input_ids, attention_mask=attention, use_cache=False,
+                           **images).last_hidden_state  # no KV cache in training
         hidden, targets = hidden[:, :-1], input_ids[:, 1:]  # [B, L-1, H], [B, L-1]
         head = self.model.get_output_embeddings()
 
@@ -165,8 +168,8 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
     start = [p.detach().clone() for p in params] if target_kl else []   # θ_old, for the line search
     with torch.no_grad():  # π_old for the micro-batches that train after the first optimizer step; for the
         old = {}           # first mini-batch π_old = π_θ, so its own forward pass gives it (one pass saved)
-        for k, (ids, att, mask, _) in ranks.batches([k for group in per_step[1:] for k in group]):
-            old[k], ent = lp(ids, att, amp=amp, entropy_at=mask.bool())  # [b, L-1] each
+        for k, (ids, att, mask, _, vis) in ranks.batches([k for group in per_step[1:] for k in group]):
+            old[k], ent = lp(ids, att, amp=amp, entropy_at=mask.bool(), visions=vis)  # [b, L-1] each
             if k is not None:
                 record("entropy", ent, mask)
     for group in per_step:
@@ -174,9 +177,10 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
         if not n_seq:
             continue
         optimizer.zero_grad(set_to_none=True)
-        for k, (ids, att, mask, adv) in ranks.batches(group):
+        for k, (ids, att, mask, adv, vis) in ranks.batches(group):
             on_policy = k not in old
-            logp, ent = lp(ids, att, amp=amp, entropy_at=mask.bool()) if on_policy else (lp(ids, att, amp=amp), None)
+            logp, ent = lp(ids, att, amp=amp, entropy_at=mask.bool(), visions=vis) if on_policy \
+                else (lp(ids, att, amp=amp, visions=vis), None)
             if on_policy:
                 old[k] = logp.detach()                                                # [b, L-1] π_old = π_θ
             pg, kl, ratio = token_loss(logp, old[k], adv, clip_eps, log_ratio_clamp)  # [b, L-1] each
@@ -199,8 +203,8 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
         """(KL, clip fraction) of π now against π_old: token means over every trained token of every rank."""
         kl_sum = clip_sum = tokens = 0.0
         ranks.reshard(lp)        # the line search moves the shards in place: gather them afresh
-        for k, (ids, att, mask, adv) in ranks.batches([k for group in per_step for k in group]):
-            logp = lp(ids, att, amp=amp)                                              # [b, L-1]
+        for k, (ids, att, mask, adv, vis) in ranks.batches([k for group in per_step for k in group]):
+            logp = lp(ids, att, amp=amp, visions=vis)                                 # [b, L-1]
             if k is not None:
                 _, kl, ratio = token_loss(logp, old[k], adv, clip_eps, log_ratio_clamp)
                 kl_sum += (kl * mask).sum().item()

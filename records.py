@@ -36,6 +36,7 @@ class Completion:
     prompt_ids: list[int]
     ids: list[int]          # response token ids, ending with eos when finish_reason == "stop"
     finish_reason: str      # "stop" (eos) or "length" (max_new_tokens)
+    vision: dict | None = None   # a vision-language model's prompt: its screenshots and patch grid (plumbing/vision.py)
 
 
 @dataclass
@@ -53,6 +54,8 @@ class Step:
     advantage: float = 0.0                                    # Eq. 2
     label: int | None = None                                  # ground-truth step quality, where known
     parsed: bool = True                                       # P's answer was a valid action / a program
+    vision: dict | None = None                                # P's screenshots (Completion.vision), GUI with a VLM
+    judge_images: tuple = ()                                  # the screenshots R is shown with judge_prompt (GUI)
 
 
 @dataclass
@@ -90,6 +93,7 @@ class Sample:
     prompt_ids: list[int]
     response_ids: list[int]
     advantage: float
+    vision: dict | None = None     # the prompt's screenshots (a vision-language model; Completion.vision)
 
 
 @contextmanager

@@ -61,9 +61,11 @@ def verdicts_from_tests(parsed: list, passes: list[bool]) -> list[int]:
 def judge_steps(groups: list[Group], engine, cfg, prefix: str) -> None:
     """R judges every step of every rollout m times (agent settings), in one batched call: each step's
     `judge_prompt` is what R reads; `prefix` starts R's answer (the maze setting has R answer its
-    verdict straight away). Fills step.judgments and step.verdicts."""
+    verdict straight away). A vision-language R also sees each step's `judge_images` (GUI: the screen before and
+    after). Fills step.judgments and step.verdicts."""
     steps = [st for g in groups for ro in g.rollouts for st in ro.steps]
-    outs = prefilled(engine, [render_chat(engine.tokenizer, st.judge_prompt) for st in steps], prefix, n=cfg.m,
+    prompts = [render_chat(engine.tokenizer, st.judge_prompt, images=len(st.judge_images)) for st in steps]
+    outs = prefilled(engine, prompts, prefix, n=cfg.m, images=[st.judge_images for st in steps],
                      temperature=cfg.rm_temperature, top_p=cfg.rm_top_p, max_new_tokens=cfg.rm_max_new_tokens)
     for st, judgments in zip(steps, outs):
         st.judgments = judgments
@@ -240,7 +242,7 @@ def rm_samples(groups: list[Group], kind: str, *, acc_range: tuple[float, float]
     pairs += [(st.judgments, adv, r) for (st, r), adv in zip(steps, advs)]
     pairs = [(outs, adv, r) for outs, adv, r in pairs if adv]
     weights = balance_weights([r > 0 for _, _, r in pairs]) if balance and kind == "steps" else [1.0] * len(pairs)
-    return [Sample(c.prompt_ids, c.ids, w * a) for (outs, adv, _), w in zip(pairs, weights)
+    return [Sample(c.prompt_ids, c.ids, w * a, c.vision) for (outs, adv, _), w in zip(pairs, weights)
             for c, a in zip(outs, adv) if not (drop_zero and a == 0)]
 
 

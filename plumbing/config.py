@@ -19,6 +19,7 @@ from pathlib import Path
 import tasks
 from plumbing.engines import ENGINES
 from plumbing.models import bf16_fast
+from plumbing.vision import names_vlm
 
 ABLATIONS = {  # paper Table 1 rows: (use R's verdicts, train R, adapt the environment)
     "grpo": (False, False, False),          # outcome-only GRPO: no R, λ = 0
@@ -38,7 +39,8 @@ class Config:
     task: str = opt("livebench", "task setting", choices=sorted(tasks.REGISTRY))
     name: str = opt("", "run name (folder under --runs-dir); default <task>-<ablation>-s<seed>")
     runs_dir: str = opt("runs", "where run folders go")
-    model: str = opt("smollm2", "policy init: smollm2 (embedded default), tiny (test model), a folder or a hub id")
+    model: str = opt("smollm2", "policy init: smollm2 (embedded default), tiny (test model), tiny-vlm (its "
+                     "vision-language sibling), a folder or a hub id (a Qwen-VL one reads screenshots: osworld)")
     rm_model: str = opt("", "reward-model init; default: same as --model (separate weights)")
     env_model: str = opt("", "environment-model init (generate mode only); default: same as --model")
     engine: str = opt("auto", "sampling engine: auto (vLLM when installed, else transformers), hf, vllm",
@@ -107,6 +109,8 @@ class Config:
                           "log-probs and updates in fp32 (sampling stays bf16): a bf16 forward of slightly changed "
                           "weights moves log-probs by ~0.1, which PPO's ratio and clip read as a step (docs/NOTES.md)")
     lora_rank: int = opt(0, "LoRA rank for P and R via peft (0: full fine-tune); vLLM gets the merged weights")
+    train_vision: bool = opt(False, "a vision-language P or R (osworld task): train its vision tower too (default: "
+                             "frozen, only the language model trains)")
     grad_checkpointing: bool = opt(True, "recompute decoder activations in backward: less memory, slower steps (docs/NOTES.md)")
     sandbox_timeout: float = opt(5.0, "seconds per program run")
     validation: bool = opt(False, "evaluate on the setting's validation split instead of its eval sets: for "
@@ -299,6 +303,9 @@ def parse_args(argv=None) -> Config:
         cfg.lam = 0.0
     if cfg.ablation == "stepwise":   # the accuracy filter reads the outcomes: off, so P's data holds no outcome label
         cfg.acc_lower, cfg.acc_upper = 0.0, 1.0
+    if cfg.task == "osworld" and not cfg.screenshots and any(map(names_vlm, (cfg.model, cfg.rm_model or cfg.model))):
+        print("[loop] a vision-language model reads the screen: recording screenshots (--screenshots)")
+        cfg.screenshots = True
     if cfg.amp and not bf16_fast():
         print("[loop] bf16 is not native on this machine: running fp32 (--no-amp)")
         cfg.amp = False
@@ -311,6 +318,7 @@ def check_distributed(cfg: Config, world: int) -> None:
     never a silent change."""
     if world == 1:
         return
-    for bad, flag in [(cfg.lora_rank, "--lora-rank"), (cfg.eval_only, "--eval-only")]:
+    vlm = any(map(names_vlm, (cfg.model, cfg.rm_model or cfg.model)))
+    for bad, flag in [(cfg.lora_rank, "--lora-rank"), (cfg.eval_only, "--eval-only"), (vlm, "a vision-language model")]:
         if bad:
             raise ConfigError(f"{flag} is not supported under torchrun yet (run it in one process)")

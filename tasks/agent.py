@@ -66,6 +66,10 @@ class AgentAdapter(AdapterBase):
     def act(self, ep: Episode, prompt: str, completion) -> None:
         """Apply P's answer: change the state and append one Step, with the prompt R will judge it by."""
 
+    def policy_images(self, ep: Episode) -> tuple:
+        """The images P is shown with its prompt (GUI: the screenshot), read by a vision-language P only."""
+        return ()
+
     def score(self, ep: Episode) -> float:
         """The episode's graded score; success (O_τ = +1) is score > 0."""
         return float(ep.won)
@@ -95,7 +99,8 @@ class AgentAdapter(AdapterBase):
                 return
             prompts = [self.policy_prompt(ep, engine.tokenizer) for ep in live]
             outs = prefilled(engine, prompts, ANSWER_PREFIX, n=1, max_new_tokens=cfg.max_new_tokens, top_p=cfg.top_p,
-                             temperature=cfg.temperature if temperature is None else temperature)
+                             temperature=cfg.temperature if temperature is None else temperature,
+                             images=[self.policy_images(ep) for ep in live])
             self.act_all([(ep, p + ANSWER_PREFIX, c) for ep, p, (c,) in zip(live, prompts, outs)])
 
     def act_all(self, answers: list[tuple]) -> None:

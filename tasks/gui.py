@@ -121,7 +121,7 @@ class Screen:
     instruction: str
     text: str                                                 # the accessibility-tree-like element list
     boxes: dict[int, tuple[float, float, float, float]] = field(default_factory=dict)  # ref → (left, top, w, h)
-    screenshot: np.ndarray | None = None                      # (H, W, 3) uint8, when recorded
+    screenshot: np.ndarray | None = None                      # (H, W, 3) uint8, when recorded (--screenshots)
 
 
 class Pool:

@@ -17,10 +17,11 @@ Two backends behind one action vocabulary (`--backend`):
   shows one example action, a click on a random element of the current screen (EXAMPLE_ACTION):
   without it a 135M policy writes almost no parseable action (docs/NOTES.md). A random target keeps
   the example from pointing at the answer; with a 7B policy, set EXAMPLE_ACTION = False.
-- Observation: the instruction and the element list (a text model reads these); with --screenshots the
-  screenshot is recorded too, for a vision-language policy. Deviation: the engines (plumbing/engines.py) take text
-  only, so no policy here reads the screenshot yet; the paper's policy is Qwen3-VL-8B.
-- R sees the previous actions, the screen before and after the step, and P's response.
+- Observation: the instruction and the element list (a text model reads these). A vision-language P (the paper's
+  is Qwen3-VL-8B; here e.g. --model tiny-vlm, plumbing/vision.py) also reads the step's screenshot, recorded
+  whenever P or R is one (--screenshots).
+- R sees the previous actions, the screen before and after the step (element lists; a vision-language R also the
+  two screenshots, in that order), and P's response.
 - E, generate mode (the released code's mechanism): an LLM sees the current task as {template: hint},
   the templates of its family (MiniWoB: the pages of its ladder; released: the task's evaluator
   templates) and the critic feedback, and answers one {template: hint} in JSON: it may switch template
@@ -225,8 +226,10 @@ class Adapter(AgentAdapter):
         judge = JUDGE_PROMPT.format(where=self.where, instruction=ep.instruction, history=_history(ep),
                                     before=_screen_text(before), response=completion.text.strip()[:300], action=taken,
                                     after=_screen_text(after))
+        shots = tuple(s.screenshot for s in (before, after) if s is not None and s.screenshot is not None)
         ep.steps.append(Step(prompt, completion.prompt_ids, completion.text, completion.ids,
-                             observation=_screen_text(after)[:300], judge_prompt=judge, parsed=parsed))
+                             observation=_screen_text(after)[:300], judge_prompt=judge, parsed=parsed,
+                             vision=completion.vision, judge_images=shots))
         ep.actions.append(taken)
         ep.screen = after
 
@@ -236,7 +239,10 @@ class Adapter(AgentAdapter):
         example = f", for example \\boxed{{click({ep.rng.choice(ids)})}}" if EXAMPLE_ACTION and ids else ""
         return render_chat(tokenizer, POLICY_PROMPT.format(where=self.where, instruction=ep.instruction, hint=hint,
                                                            history=_history(ep), screen=_screen_text(ep.screen),
-                                                           example=example))
+                                                           example=example), images=len(self.policy_images(ep)))
+
+    def policy_images(self, ep: GUIEpisode) -> tuple:
+        return () if ep.screen.screenshot is None else (ep.screen.screenshot,)
 
     def score(self, ep: GUIEpisode) -> float:
         return ep.score

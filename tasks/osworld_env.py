@@ -22,9 +22,12 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import numpy as np
+
+from plumbing.vision import to_image
 from records import Task
 from tasks import TaskError
-from tasks.gui import Action, Backend, Guarded, Pool, Screen, center, ids_known, kill_tree
+from tasks.gui import Action, Backend, Guarded, Pool, Screen, ScreenError, center, ids_known, kill_tree
 
 NS = "https://accessibility.ubuntu.example.org/ns/"
 KEEP_SUFFIX = ("item", "button", "heading", "label", "scrollbar", "searchbox", "textbox", "link", "tabelement",
@@ -127,7 +130,12 @@ class Bridge(Guarded):
 
 def screen_of(obs: dict) -> Screen:
     text, boxes = linearize(obs.get("accessibility_tree"))
-    return Screen(obs.get("instruction", ""), text, boxes, obs.get("screenshot"))
+    shot = obs.get("screenshot")
+    try:   # the bridge's base64 PNG, decoded once here: a screenshot is untrusted input
+        image = np.asarray(to_image(shot)) if shot else None
+    except ValueError as e:
+        raise ScreenError(str(e)) from None
+    return Screen(obs.get("instruction", ""), text, boxes, image)
 
 
 class OSWorld(Backend):

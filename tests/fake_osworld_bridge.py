@@ -16,6 +16,8 @@ import sys
 
 def main() -> None:
     replay = json.loads(open(os.environ["FAKE_BRIDGE_REPLAY"]).read())
+    if "--screenshots" not in sys.argv:   # as the real bridge: screenshots only on request
+        replay["observations"] = [{**o, "screenshot": None} for o in replay["observations"]]
     log = os.environ.get("FAKE_BRIDGE_LOG")
     k, actions = 0, []
     for line in sys.stdin:
