@@ -295,7 +295,7 @@ class _VLLMServer:
         # ("external_launcher", TRL's colocate mode); ranks sample different streams (seed + rank).
         options = {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1} \
             if dist.active() else {}
-        options |= {"limit_mm_per_prompt": {"image": 2}} if reads_images else {}   # R sees two screenshots a step
+        options |= {"limit_mm_per_prompt": {"image": 2, "video": 0}} if reads_images else {}   # R sees two a step
         with _without_c_notice(_NUMA_NOTICE):
             self.llm = LLM(model=self.folder.name, load_format="dummy", skip_tokenizer_init=not reads_images, dtype=dtype,
                            max_model_len=max_model_len, seed=seed + dist.rank(),
@@ -368,11 +368,15 @@ class VLLMEngine:
         params = SamplingParams(n=n, temperature=max(temperature, 0.0), top_p=top_p if temperature > 0 else 1.0,
                                 max_tokens=max_new_tokens, stop_token_ids=[tok.eos_token_id], detokenize=False,
                                 logit_bias={t: -100.0 for t in vision.reserved_ids(self.model)} if any(visions) else None)
-        # a VLM's prompt ids come with their image tokens already expanded, which vLLM accepts with the images
+        # a prompt with images goes to vLLM with one marker token per image, which vLLM expands itself (it expands
+        # whatever it finds, so `encoded`'s expanded ids would be expanded twice); it must expand them as `encode` did
         shown = [{"multi_modal_data": {"image": [vision.to_image(x) for x in shots]}} if v else {}
                  for v, shots in zip(visions, images or [()] * len(prompts))]
-        outs = self.server.llm.generate([TokensPrompt(prompt_token_ids=x, **mm) for x, mm in zip(encoded, shown)],
+        sent = [tok(p, add_special_tokens=False)["input_ids"] if v else ids for p, ids, v in zip(prompts, encoded, visions)]
+        outs = self.server.llm.generate([TokensPrompt(prompt_token_ids=x, **mm) for x, mm in zip(sent, shown)],
                                         params, use_tqdm=desc is not None)
+        if any(v and list(o.prompt_token_ids) != ids for o, ids, v in zip(outs, encoded, visions)):
+            raise ModelError("vLLM expanded an image to other tokens than the trainer's image processor did")
         return [[Completion(tok.decode(c.token_ids, skip_special_tokens=True), ids, list(c.token_ids),
                             "stop" if c.finish_reason == "stop" else "length", v) for c in o.outputs]
                 for o, ids, v in zip(outs, encoded, visions)]
