@@ -91,7 +91,8 @@ def train(cfg: Config) -> Path:
             p_samples = policy.policy_samples(train_groups, acc_range=(cfg.acc_lower, cfg.acc_upper),
                                               drop_zero=cfg.drop_zero_adv)
             r_samples = reward_model.rm_samples(train_groups, adapter.judge_kind, drop_zero=cfg.drop_zero_adv,
-                                                balance=cfg.rm_balance, norm=cfg.rm_norm) if train_rm else []
+                                                balance=cfg.rm_balance, norm=cfg.rm_norm,
+                                                wrong_cost=cfg.wrong_tests_cost) if train_rm else []
             # 6. update P, then R (Eq. 5)
             with stage(timings, "train_policy"):
                 stats = optimize(cfg, models["policy"], engines["policy"], p_samples, it, "policy")

@@ -9,7 +9,7 @@ measures how consistent each judgment is with the outcome and its siblings:
 
     >>> consistency_rewards(-0.5, [1, 0])     # docs/METHOD.md worked example, step B·1
     [1.0, -1.0]
-    >>> unit_test_rewards([True, False], [[True, True], [False, True]])
+    >>> unit_test_rewards([True, False], [[True, True], [False, True]], wrong_cost=False)
     [1.0, -1.0]
 """
 from __future__ import annotations
@@ -101,13 +101,12 @@ def batch_consistency_rewards(steps: list[tuple[float, list[int]]]) -> list[list
     return [[next(rows) for _ in row] for row in raw]
 
 
-def unit_test_rewards(gt_pass: list[bool], passes: list[list[bool]]) -> list[float] | None:
+def unit_test_rewards(gt_pass: list[bool], passes: list[list[bool]], *, wrong_cost: bool) -> list[float] | None:
     """The coding reward of R's m generated tests (docs/METHOD.md, "coding R reward"), z-scored over the tests.
 
-    gt_pass[i]: program i passes every ground-truth test (a "GT code").
-    passes[i][k]: program i passes generated test k.
-    Test k is correct iff every GT code passes it. Correct: +#(non-GT codes failing it);
-    incorrect: −#(non-GT codes passing it); with no non-GT code: ±1.
+    gt_pass[i]: program i passes every ground-truth test (a "GT code"). passes[i][k]: program i passes test k.
+    Test k is correct iff every GT code passes it. Correct: +#(non-GT codes failing it); incorrect: −#(non-GT
+    codes passing it), at most −1 with wrong_cost (--wrong-tests-cost, not in the paper); no non-GT code: ±1.
     None when no program is a GT code, or when all rewards are equal.
     """
     gt = [i for i, ok in enumerate(gt_pass) if ok]
@@ -122,7 +121,7 @@ def unit_test_rewards(gt_pass: list[bool], passes: list[list[bool]]) -> list[flo
         elif correct:
             raw.append(float(sum(not passes[i][k] for i in others)))
         else:
-            raw.append(-float(sum(passes[i][k] for i in others)))
+            raw.append(-float(max(wrong_cost, sum(passes[i][k] for i in others))))
     return zscore(raw) if raw else None
 
 
@@ -214,13 +213,13 @@ def theorem1_metrics(rollouts, m: int, labels: bool) -> dict:
 
 
 def rm_samples(groups: list[Group], kind: str, *, acc_range: tuple[float, float] = RM_ACC_RANGE,
-               drop_zero: bool, balance: bool, norm: str) -> list[Sample]:
+               drop_zero: bool, balance: bool, norm: str, wrong_cost: bool) -> list[Sample]:
     """Training samples for R from one iteration. Eq. 3 reads each step's reward R_{τ_i}, step.reward
     (set by policy.score_steps).
 
     Only tasks with acc in acc_range feed R, in every setting (released code: [0.2, 0.8]): a task with
     no success or no failure gives R nothing to be consistent with.
-    kind="steps": Eq. 3 per step.  kind="tests": the coding test-writer reward per task.
+    kind="steps": Eq. 3 per step.  kind="tests": the coding test-writer reward per task (`unit_test_rewards`).
     Samples with advantage 0 are dropped when drop_zero, as for the policy.
     balance (kind "steps"; not in the paper, --rm-balance): steps whose reward R_τ is positive and
     steps whose reward is not carry equal total weight, see `balance_weights`.
@@ -232,7 +231,8 @@ def rm_samples(groups: list[Group], kind: str, *, acc_range: tuple[float, float]
         if not acc_range[0] <= g.acc <= acc_range[1]:
             continue
         if kind == "tests":
-            pairs.append((g.tests, unit_test_rewards([ro.outcome > 0 for ro in g.rollouts], g.test_passes), 0.0))
+            gt_pass = [ro.outcome > 0 for ro in g.rollouts]
+            pairs.append((g.tests, unit_test_rewards(gt_pass, g.test_passes, wrong_cost=wrong_cost), 0.0))
         else:
             steps += [(st, st.reward) for ro in g.rollouts for st in ro.steps]
     if norm == "batch":

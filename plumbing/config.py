@@ -76,6 +76,9 @@ class Config:
     rm_max_new_tokens: int = opt(96, "R tokens per judgment / test")
     rm_balance: bool = opt(False, "agent settings, not in the paper: steps with a positive and a non-positive "
                            "reward carry equal weight in R's Eq. 3 samples (reward_model.balance_weights)")
+    wrong_tests_cost: bool = opt(False, "coding, not in the paper: a test R writes that a GT code fails earns at most "
+                                 "−1 (the paper's reward gives 0 to a wrong test that every program fails, as to a "
+                                 "correct test that catches nothing, so the two tie)")
     rm_norm: str = opt("step", "agent settings: Eq. 3's z-score over each step's m judgments (step: the paper; a step "
                        "whose m judgments agree is skipped) or over every judgment of the iteration (batch, not in "
                        "the paper: unanimous steps train R too; reward_model.batch_consistency_rewards)",
@@ -147,7 +150,7 @@ class _Parser(argparse.ArgumentParser):
 
 # Flags that only some settings read, grouped under those settings' names in --help.
 SETTING_FLAGS = {
-    "livebench (coding)": ["coding_task", "coding_reward", "sandbox_timeout", "humaneval_limit", "data"],
+    "livebench (coding)": ["coding_task", "coding_reward", "wrong_tests_cost", "sandbox_timeout", "humaneval_limit", "data"],
     "alfworld, osworld, maze (multi-turn agents)": ["max_turns", "eval_max_turns"],
     "osworld": ["backend", "screenshots", "browsers", "browser_timeout", "osworld_tasks", "osworld_python",
                 "osworld_provider", "osworld_vm"],
@@ -273,6 +276,8 @@ def validate(cfg: "Config") -> None:
                                                       "--lam must be > 0"),
         (cfg.rm_balance and cfg.task == "livebench", "--rm-balance weighs R's step verdicts; the coding setting's R "
                                                      "writes tests (agent settings only)"),
+        (cfg.wrong_tests_cost and cfg.task != "livebench", "--wrong-tests-cost changes the reward of R's unit tests "
+                                                           "(the coding setting only)"),
         (cfg.rm_norm != "step" and cfg.task == "livebench", "--rm-norm normalizes R's step verdicts; the coding "
                                                             "setting's R writes tests (agent settings only)"),
     ]

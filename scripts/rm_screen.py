@@ -120,7 +120,7 @@ def run_cell(args, name: str, seed: int) -> None:
                 adapter.judge(groups, engines["reward_model"], cfg)
                 policy.score_steps(groups, lam=cfg.lam, keep_single=not cfg.zero_single, reward=cfg.coding_reward)
                 samples = reward_model.rm_samples(groups, adapter.judge_kind, drop_zero=cfg.drop_zero_adv,
-                                                  balance=cfg.rm_balance, norm=cfg.rm_norm)
+                                                  balance=cfg.rm_balance, norm=cfg.rm_norm, wrong_cost=cfg.wrong_tests_cost)
                 rollouts = [ro for g in groups for ro in g.rollouts]
                 row |= {"train/rm_samples": len(samples), "train/acc": statistics.fmean(g.acc for g in groups),
                         "train/verdict_mean": statistics.fmean(v for ro in rollouts for st in ro.steps

@@ -67,7 +67,8 @@ def main(argv: list[str]) -> None:
     tg = adapter.rollout([t for _, t in picked], cfg.group_size, engines["policy"], cfg)
     adapter.judge(tg, engines["reward_model"], cfg)
     policy.score_steps(tg, lam=cfg.lam, keep_single=not cfg.zero_single, reward=cfg.coding_reward)
-    samples = reward_model.rm_samples(tg, "steps", drop_zero=cfg.drop_zero_adv, balance=cfg.rm_balance, norm=cfg.rm_norm)
+    samples = reward_model.rm_samples(tg, "steps", drop_zero=cfg.drop_zero_adv, balance=cfg.rm_balance, norm=cfg.rm_norm,
+                                   wrong_cost=cfg.wrong_tests_cost)
     print("train verdict mean", sum(v for g in tg for ro in g.rollouts for st in ro.steps for v in st.verdicts) /
           max(1, sum(len(st.verdicts) for g in tg for ro in g.rollouts for st in ro.steps)), "samples", len(samples),
           "mean adv", sum(s.advantage for s in samples) / max(1, len(samples)), flush=True)

@@ -384,10 +384,10 @@ def coding_metrics(gt_pass: list[list[bool]], passes: list[list[list[bool]]], te
 
 # ───────────────────────────── the adapter ─────────────────────────────
 
-def rm_funnel(groups: list[Group], acc_range: tuple[float, float] = RM_ACC_RANGE) -> dict:
+def rm_funnel(groups: list[Group], wrong_cost: bool, acc_range: tuple[float, float] = RM_ACC_RANGE) -> dict:
     """Where coding R's training signal is lost, per iteration (shares over the iteration's groups / tests):
     rm_band: groups in R's accuracy band (the only ones `rm_samples` reads); rm_tied: of those, groups whose
-    m test rewards are all equal (`unit_test_rewards` is None: no sample); rm_tests_malformed: tests that do
+    m test rewards are all equal (`unit_test_rewards` with the run's wrong_cost is None: no sample); rm_tests_malformed: tests that do
     not parse; rm_tests_distinct: distinct tests per group over m (copies of one test tie); rm_tests_correct:
     over groups with a GT code, parsed tests that every GT code passes.
 
@@ -395,13 +395,16 @@ def rm_funnel(groups: list[Group], acc_range: tuple[float, float] = RM_ACC_RANGE
         >>> t1, t2 = (Completion(f"Input: {i}\\nOutput: {i + 1}", [], [], "stop") for i in (1, 2))
         >>> ros = [Rollout("t", [], 1, 1.0), Rollout("t", [], -1, 0.0)]   # a GT code and a wrong one
         >>> g = Group(Task("t", "", {}), ros, tests=[t1, t1, t2], test_passes=[[True, True, False]] * 2)
-        >>> f = rm_funnel([g])   # both programs pass t1 and fail t2: every test reward is 0, the group ties
+        >>> f = rm_funnel([g], wrong_cost=False)   # both programs pass t1, fail t2: every reward is 0, a tie
         >>> f["rm_band"], f["rm_tied"], round(f["rm_tests_distinct"], 3), round(f["rm_tests_correct"], 3)
         (1.0, 1.0, 0.667, 0.667)
+        >>> rm_funnel([g], wrong_cost=True)["rm_tied"]   # t2, which the GT code fails, now earns −1: no tie
+        0.0
     """
     nan = float("nan")
     band = [g for g in groups if acc_range[0] <= g.acc <= acc_range[1]]
-    tied = [g for g in band if unit_test_rewards([ro.outcome > 0 for ro in g.rollouts], g.test_passes) is None]
+    tied = [g for g in band if unit_test_rewards([ro.outcome > 0 for ro in g.rollouts], g.test_passes,
+                                                 wrong_cost=wrong_cost) is None]
     parsed = [[parse_test(c.text) for c in g.tests] for g in groups]
     correct, judged = 0, 0
     for g, tests in zip(groups, parsed):
@@ -506,7 +509,7 @@ class Adapter(AdapterBase):
                 ro.steps[0].verdicts = verdicts_from_tests(parsed, row)   # S_j of the program
 
     def train_metrics(self, groups: list[Group]) -> dict:
-        return rm_funnel(groups) if any(g.tests for g in groups) else {}   # no R (grpo): nothing to trace
+        return rm_funnel(groups, self.cfg.wrong_tests_cost) if any(g.tests for g in groups) else {}   # no R (grpo): nothing to trace
 
     # — evaluation: Code / UT / Detect —
     def evaluate(self, sets: dict[str, list[Task]], policy, rm, cfg) -> dict:

@@ -337,7 +337,7 @@ def test_rm_funnel_counts_band_ties_and_wrong_tests_by_hand():
     g = Group(Task("t", "", {}), ros, tests=tests, test_passes=[[True, True, False], [True, False, False],
                                                                  [False, True, False]])
     far = Group(Task("u", "", {}), [Rollout("u", [], -1, 0.0)] * 3, tests=tests, test_passes=[[False] * 3] * 3)
-    f = rm_funnel([g, far])
+    f = rm_funnel([g, far], wrong_cost=False)
     assert f["rm_band"] == 0.5                       # acc 2/3 is in [0.2, 0.8], acc 0 is not
     assert f["rm_tied"] == 0.0                       # t1 +1, t2 −1, malformed 0: not all equal
     assert f["rm_tests_malformed"] == 2 / 6 and f["rm_tests_distinct"] == 1.0

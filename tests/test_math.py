@@ -6,6 +6,7 @@ import pytest
 import environment as env
 import policy
 import reward_model as rm
+from plumbing.config import ConfigError, parse_args
 from records import Completion
 from records import Group, Rollout, Step, Task
 from tasks.livebench import coding_metrics
@@ -89,13 +90,26 @@ def test_unit_test_rewards_hand_example():
               [False, False, False, True]]
     raw = [2.0, 1.0, -1.0, 0.0]
     mean, std = 0.5, math.sqrt(sum((r - 0.5) ** 2 for r in raw) / 4)
-    assert rm.unit_test_rewards(gt_pass, passes) == pytest.approx([(r - mean) / std for r in raw])
+    assert rm.unit_test_rewards(gt_pass, passes, wrong_cost=False) == pytest.approx([(r - mean) / std for r in raw])
 
 
 def test_unit_test_rewards_no_nongt_and_none_cases():
-    assert rm.unit_test_rewards([True, True], [[True, False], [True, True]]) == [1.0, -1.0]
-    assert rm.unit_test_rewards([False, False], [[True], [False]]) is None   # no GT code: skipped
-    assert rm.unit_test_rewards([True, False], [[True, True], [True, True]]) is None  # all equal
+    assert rm.unit_test_rewards([True, True], [[True, False], [True, True]], wrong_cost=False) == [1.0, -1.0]
+    assert rm.unit_test_rewards([False, False], [[True], [False]], wrong_cost=False) is None   # no GT code: skipped
+    assert rm.unit_test_rewards([True, False], [[True, True], [True, True]], wrong_cost=False) is None  # all equal
+
+
+def test_wrong_tests_cost_hand_worked():
+    """--wrong-tests-cost: gt_pass [T, F, F]; test 0 correct, catching 1 wrong program (+1); test 1 wrong (the GT
+    code fails it) and passed by no other program: 0 in the paper, −1 here; test 2 wrong and passed by both: −2.
+    Raw [1, −1, −2]: mean −2/3, population std √(42/27) = 1.2472 → z [1.3363, −0.2673, −1.0690]."""
+    passes = [[True, False, False], [False, False, True], [True, False, True]]
+    assert rm.unit_test_rewards([True, False, False], passes, wrong_cost=True) == pytest.approx(
+        [1.3363, -0.2673, -1.0690], abs=1e-4)
+    paper = rm.unit_test_rewards([True, False, False], passes, wrong_cost=False)   # raw [1, 0, −2]
+    assert paper == pytest.approx([1.0690, 0.2673, -1.3363], abs=1e-4)
+    with pytest.raises(ConfigError, match="coding setting only"):
+        parse_args(["--task", "maze", "--wrong-tests-cost"])
 
 
 @pytest.mark.parametrize("text,test", [
@@ -151,7 +165,7 @@ def p_samples(groups, *, lam=1.0, keep_single=True, reward="integrated", acc_ran
 
 def r_samples(groups, *, kind="steps", balance=False, norm="step"):
     """R's samples (Eq. 3 on step.reward), as loop.train calls them."""
-    return rm.rm_samples(groups, kind, drop_zero=True, balance=balance, norm=norm)
+    return rm.rm_samples(groups, kind, drop_zero=True, balance=balance, norm=norm, wrong_cost=False)
 
 
 def test_policy_and_rm_samples_on_worked_example():
@@ -309,7 +323,7 @@ def test_reference_test_writer_reward_worked_example():
     """Programs c0 (GT code), c1-c3; tests t0 (passes c0 only) → +3, t1 (c0, c1) → +2, t2 (c1 only, wrong)
     → −1, t3 (malformed: passes nobody) → −0. z over the 4 tests: [1.2649, .6325, −1.2649, −.6325]."""
     passes = [[True, True, False, False], [False, True, True, False], [False] * 4, [False] * 4]
-    assert rm.unit_test_rewards([True, False, False, False], passes) == pytest.approx(
+    assert rm.unit_test_rewards([True, False, False, False], passes, wrong_cost=False) == pytest.approx(
         [1.2649, 0.6325, -1.2649, -0.6325], abs=1e-4)
 
 
