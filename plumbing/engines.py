@@ -174,7 +174,7 @@ class HFEngine:
             attention = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=device)     # [b, L]
             if any(visions[i] for i, _ in batch):   # multimodal RoPE: transformers' own decoding
                 with amp_context(self.amp):
-                    rows = vision.sample(model, tok, ids, [visions[i] for i, _ in batch],
+                    rows = vision.sample(model, tok, input_ids, attention, [visions[i] for i, _ in batch],
                                          max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
             else:
                 rows = decode(model, input_ids, attention, max_new_tokens=max_new_tokens, temperature=temperature,

@@ -190,18 +190,15 @@ def batch_inputs(model, input_ids, visions) -> dict:
 
 
 @torch.no_grad()
-def sample(model, tokenizer, encoded, visions, *, max_new_tokens: int, temperature: float,
+def sample(model, tokenizer, input_ids, attention, visions, *, max_new_tokens: int, temperature: float,
            top_p: float) -> list[list[int]]:
-    """Response ids for left-padded prompts with images, with transformers' `generate` (temperature 0:
-    greedy; else nucleus sampling, no top-k; never a vision marker), each cut after its first eos."""
-    device = next(model.parameters()).device
-    width = max(map(len, encoded))
-    input_ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(x)) + x for x in encoded], device=device)  # [b, L]
-    attention = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in encoded], device=device)           # [b, L]
+    """Response ids for left-padded prompts with images ([b, L] input_ids and attention, the engine's batch), with
+    transformers' `generate` (temperature 0: greedy; else nucleus sampling, no top-k; never a vision marker),
+    each cut after its first eos."""
     drawn = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0} if temperature > 0 \
         else {"do_sample": False}
     out = model.generate(input_ids=input_ids, attention_mask=attention, **batch_inputs(model, input_ids, visions),
                          max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
                          pad_token_id=tokenizer.pad_token_id, suppress_tokens=reserved_ids(model), **drawn)  # [b, L+new]
-    rows = out[:, width:].tolist()
+    rows = out[:, input_ids.shape[1]:].tolist()
     return [row[:row.index(tokenizer.eos_token_id) + 1] if tokenizer.eos_token_id in row else row for row in rows]
