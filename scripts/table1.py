@@ -310,6 +310,8 @@ def claims(args, runs: dict, path: Path) -> None:
             xs = [i for i, _ in pts]
             ax.plot(xs, [statistics.fmean(v) for _, v in pts], marker="o", label=row)
             ax.fill_between(xs, [min(v) for _, v in pts], [max(v) for _, v in pts], alpha=0.2)
+        if not ax.lines:   # studies run before the key was logged
+            ax.text(0.5, 0.5, "not logged by these runs", ha="center", va="center", transform=ax.transAxes)
         if band:
             for y in (loop.Config.alpha_low, loop.Config.alpha_high):
                 ax.axhline(y, color="grey", linestyle="--", linewidth=1)
