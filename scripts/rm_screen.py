@@ -93,7 +93,30 @@ def judge_metrics(adapter, groups, engine, cfg) -> dict:
     rollouts = [ro for g in groups for ro in g.rollouts]
     verdicts = [v for ro in rollouts for st in ro.steps for v in st.verdicts]
     return {**reward_model.agent_metrics(rollouts), **reward_model.theorem1_metrics(rollouts, cfg.m, labels=True),
-            "verdict_mean": statistics.fmean(verdicts), "unparseable": statistics.fmean(v == 0 for v in verdicts)}
+            "verdict_mean": statistics.fmean(verdicts), "unparseable": statistics.fmean(v == 0 for v in verdicts),
+            **oracles(rollouts)}
+
+
+def oracles(rollouts) -> dict:
+    """Two judges R could become, scored on the same labelled steps, to read R's numbers against:
+    - the label judge says each step's exact label. oracle_label_mu is its Theorem 1 μ against the outcomes,
+      p₊ = P(label +1 | step of a success) plus p₋ = P(label −1 | step of a failure). Above 1, consistency
+      feedback ranks a perfect step judge above a constant one; at or below 1 it cannot prefer it;
+    - the outcome judge says its rollout's outcome at every step, which per-step Eq. 3 pays in full.
+      oracle_outcome_bacc is its balanced Process Acc: what R scores on the labels by learning outcomes perfectly.
+
+        >>> from records import Rollout, Step
+        >>> step = lambda y: Step("", [], "", [], label=y)
+        >>> won, lost = Rollout("t", [step(1), step(1), step(-1)], 1), Rollout("t", [step(1), step(-1)], -1)
+        >>> q = oracles([won, lost])   # p₊ = 2/3, p₋ = 1/2; hits on +1 steps 2/3, on −1 steps 1/2
+        >>> round(q["oracle_label_mu"], 4), round(q["oracle_outcome_bacc"], 4)
+        (1.1667, 0.5833)
+    """
+    steps = [(st.label, ro.outcome) for ro in rollouts for st in ro.steps if st.label is not None]
+    mu = reward_model.theorem1([[y] for y, o in steps if o > 0], [[y] for y, o in steps if o < 0], 1)["mu"]
+    recalls = [statistics.fmean((o > 0) == (y > 0) for y, o in steps if y == label)
+               for label in (1, -1) if any(y == label for y, _ in steps)]
+    return {"oracle_label_mu": mu, "oracle_outcome_bacc": statistics.fmean(recalls) if recalls else float("nan")}
 
 
 def run_cell(args, name: str, seed: int) -> None:
@@ -126,7 +149,7 @@ def run_cell(args, name: str, seed: int) -> None:
                         "train/verdict_mean": statistics.fmean(v for ro in rollouts for st in ro.steps
                                                                for v in st.verdicts),
                         **{f"train/{k}": v for k, v in
-                           reward_model.theorem1_metrics(rollouts, cfg.m, labels=True).items()}}
+                           (reward_model.theorem1_metrics(rollouts, cfg.m, labels=True) | oracles(rollouts)).items()}}
                 row |= loop.optimize(cfg, models["reward_model"], engines["reward_model"], samples, it, "rm")
             if it % cfg.eval_every == 0 or it == cfg.iterations:
                 seed_everything(cfg.seed)   # every eval of every configuration judges with the same sampling seed
@@ -175,6 +198,16 @@ def report(args) -> str:
                      f"{statistics.fmean(r['train/rm_samples'] for r in train):.0f} | "
                      f"{statistics.median(kls) if kls else float('nan'):.4f} | "
                      f"{'yes' if any(collapsed(e[-1]) for e in evals) else 'no'} |")
+    oracle = {}   # per seed: the validation rollouts are the same in every configuration
+    for name in args.configs:
+        for s in range(args.seeds):
+            rows = [r for r in cell_rows(Path(args.out) / f"{name}-s{s}") if "val/oracle_label_mu" in r]
+            if rows and s not in oracle:
+                oracle[s] = rows[0]
+    for s, row in sorted(oracle.items()):
+        lines.append(f"\nOracles on seed {s}'s validation rollouts: the label judge's μ against the outcomes "
+                     f"{row['val/oracle_label_mu']:.2f}; the outcome judge's balanced Process Acc "
+                     f"{100 * row['val/oracle_outcome_bacc']:.1f} %.")
     return "\n".join(lines)
 
 
