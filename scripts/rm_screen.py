@@ -98,25 +98,38 @@ def judge_metrics(adapter, groups, engine, cfg) -> dict:
 
 
 def oracles(rollouts) -> dict:
-    """Two judges R could become, scored on the same labelled steps, to read R's numbers against:
-    - the label judge says each step's exact label. oracle_label_mu is its Theorem 1 μ against the outcomes,
-      p₊ = P(label +1 | step of a success) plus p₋ = P(label −1 | step of a failure). Above 1, consistency
-      feedback ranks a perfect step judge above a constant one; at or below 1 it cannot prefer it;
-    - the outcome judge says its rollout's outcome at every step, which per-step Eq. 3 pays in full.
-      oracle_outcome_bacc is its balanced Process Acc: what R scores on the labels by learning outcomes perfectly.
+    """Three fixed judges R could become, scored on the same labelled steps, to read R's numbers against:
+    - label: says each step's exact label;
+    - outcome: says its rollout's outcome at every step, which is what per-step Eq. 3 pays in full;
+    - valid: says −1 exactly on the steps whose answer named no valid move (`Step.parsed`), which the maze
+      labels −1 and R's prompt shows as "Move taken: none". It is the easiest feature R could learn.
+    For each, oracle_<judge>_bacc is its balanced Process Acc against the labels (as `agent_metrics`), and
+    oracle_<judge>_mu its Theorem 1 μ against the outcomes (as `theorem1_metrics`, one verdict per step).
+    A judge with μ > 1 is one that consistency feedback ranks above a constant one.
 
         >>> from records import Rollout, Step
-        >>> step = lambda y: Step("", [], "", [], label=y)
-        >>> won, lost = Rollout("t", [step(1), step(1), step(-1)], 1), Rollout("t", [step(1), step(-1)], -1)
-        >>> q = oracles([won, lost])   # p₊ = 2/3, p₋ = 1/2; hits on +1 steps 2/3, on −1 steps 1/2
-        >>> round(q["oracle_label_mu"], 4), round(q["oracle_outcome_bacc"], 4)
-        (1.1667, 0.5833)
+        >>> step = lambda y, ok=True: Step("", [], "", [], label=y, parsed=ok)
+        >>> won = Rollout("t", [step(1), step(1), step(-1)], 1)
+        >>> lost = Rollout("t", [step(1), step(-1, ok=False)], -1)
+        >>> q = oracles([won, lost])
+        >>> round(q["oracle_label_mu"], 4)    # p₊ = P(label +1 | step of a success) = 2/3, p₋ = 1/2
+        1.1667
+        >>> round(q["oracle_outcome_bacc"], 4)   # hits on +1 steps 2/3, on −1 steps 1/2
+        0.5833
+        >>> q["oracle_valid_bacc"], q["oracle_valid_mu"]   # hits 3/3 and 1/2; p₊ = 3/3, p₋ = 1/2
+        (0.75, 1.5)
     """
-    steps = [(st.label, ro.outcome) for ro in rollouts for st in ro.steps if st.label is not None]
-    mu = reward_model.theorem1([[y] for y, o in steps if o > 0], [[y] for y, o in steps if o < 0], 1)["mu"]
-    recalls = [statistics.fmean((o > 0) == (y > 0) for y, o in steps if y == label)
-               for label in (1, -1) if any(y == label for y, _ in steps)]
-    return {"oracle_label_mu": mu, "oracle_outcome_bacc": statistics.fmean(recalls) if recalls else float("nan")}
+    steps = [(st, ro.outcome) for ro in rollouts for st in ro.steps if st.label is not None]
+    judges = {"label": lambda st, o: st.label, "outcome": lambda st, o: 1 if o > 0 else -1,
+              "valid": lambda st, o: 1 if st.parsed else -1}
+    out = {}
+    for name, judge in judges.items():
+        recalls = [statistics.fmean(judge(st, o) == y for st, o in steps if st.label == y)
+                   for y in (1, -1) if any(st.label == y for st, _ in steps)]
+        out[f"oracle_{name}_bacc"] = statistics.fmean(recalls) if recalls else float("nan")
+        out[f"oracle_{name}_mu"] = reward_model.theorem1([[judge(st, o)] for st, o in steps if o > 0],
+                                                         [[judge(st, o)] for st, o in steps if o < 0], 1)["mu"]
+    return out
 
 
 def run_cell(args, name: str, seed: int) -> None:
@@ -205,9 +218,9 @@ def report(args) -> str:
             if rows and s not in oracle:
                 oracle[s] = rows[0]
     for s, row in sorted(oracle.items()):
-        lines.append(f"\nOracles on seed {s}'s validation rollouts: the label judge's μ against the outcomes "
-                     f"{row['val/oracle_label_mu']:.2f}; the outcome judge's balanced Process Acc "
-                     f"{100 * row['val/oracle_outcome_bacc']:.1f} %.")
+        lines.append(f"\nFixed judges on seed {s}'s validation rollouts (balanced Process Acc; μ against the outcomes): "
+                     + "; ".join(f"{j} {100 * row[f'val/oracle_{j}_bacc']:.1f} %, μ {row[f'val/oracle_{j}_mu']:.2f}"
+                                 for j in ("label", "outcome", "valid")) + ".")
     return "\n".join(lines)
 
 

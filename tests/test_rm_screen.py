@@ -28,7 +28,7 @@ def test_screen_trains_r_alone_and_reports(tmp_path):
         assert "val/process_bacc" in rows[0] and "val/process_bacc" in rows[2] and "val/process_bacc" not in rows[1]
         assert "losses/policy_loss" not in rows[1]                 # P is frozen: only R's update runs
         assert "train/rm_samples" in rows[1] and "train/thm1_label_mu" in rows[1] and "train/oracle_label_mu" in rows[1]
-        for key in ("val/oracle_label_mu", "val/oracle_outcome_bacc"):   # the same validation rollouts (NaN too)
+        for key in ("val/oracle_label_mu", "val/oracle_outcome_bacc", "val/oracle_valid_bacc"):   # the same validation rollouts (NaN too)
             assert str(rows[0][key]) == str(rows[2][key])
         for r in (rows[0], rows[2]):
             assert 0 <= r["val/process_bacc"] <= 1 and -1 <= r["val/verdict_mean"] <= 1
@@ -38,7 +38,7 @@ def test_screen_trains_r_alone_and_reports(tmp_path):
     assert json.loads((tmp_path / "batch-s0" / "config.json").read_text())["rm_norm"] == "batch"
     table = [line for line in done.stdout.splitlines() if line.startswith("| paper") or line.startswith("| batch")]
     assert len(table) == 2 and all(line.count("|") == 10 for line in table)
-    assert "Oracles on seed 0's validation rollouts: the label judge's μ against the outcomes" in done.stdout
+    assert "Fixed judges on seed 0's validation rollouts (balanced Process Acc; μ against the outcomes): label " in done.stdout
     # a second call skips the finished cells: it reads, it does not run
     again = screen(tmp_path)
     assert again.returncode == 0 and "[rm_screen]" not in again.stdout and table[0] in again.stdout
