@@ -177,10 +177,10 @@ def optimize(cfg: Config, trained: Trained, engine, samples, it: int, name: str)
     optimizer = trained.optimizer or make_optimizer(trained.trainer, cfg.lr if name == "policy" else cfg.rm_lr)
     if 0 < cfg.max_train_samples < len(samples):  # a compute budget per iteration, not in the paper
         samples = random.Random(iteration_seed(cfg, it)).sample(samples, cfg.max_train_samples)
-    stats = ppo_update(trained.trainer, optimizer, samples, trained.tokenizer.pad_token_id,
-                       steps=cfg.policy_steps if name == "policy" else cfg.rm_steps, clip_eps=cfg.clip_eps,
+    stats = ppo_update(trained.trainer, optimizer, samples, trained.tokenizer.pad_token_id, clip_eps=cfg.clip_eps,
+                       steps=cfg.policy_steps if name == "policy" else cfg.rm_steps, target_kl=cfg.target_kl_of(name),
                        kl_beta=cfg.kl_beta, micro_batch=cfg.micro_batch, amp=cfg.amp and cfg.train_amp, seed=it,
-                       log_ratio_clamp=cfg.log_ratio_clamp, warmup_steps=cfg.warmup_steps, target_kl=cfg.target_kl)
+                       log_ratio_clamp=cfg.log_ratio_clamp, warmup_steps=cfg.warmup_steps)
     engine.sync()
     release_memory()
     return {f"losses/{name}_{k}": v for k, v in stats.items()}

@@ -102,6 +102,8 @@ class Config:
                                 "state across iterations and checkpoints it")
     target_kl: float = opt(0.0, "trust region, not in the released code: scale each update back until its KL to "
                            "the sampling policy (token mean, k3) is at most this (ppo.line_search; 0: off)")
+    rm_target_kl: float = opt(-1.0, "R's trust region, as --target-kl for R alone (not in the paper; -1: the same "
+                              "as --target-kl)")
     warmup_steps: int = opt(0, "linear LR warm-up over each AdamW's first N optimizer steps: with a fresh optimizer "
                             "every iteration's, else the run's first N (0: constant LR, the released code)")
     micro_batch: int = opt(4, "sequences per forward/backward (gradient accumulation)")
@@ -137,6 +139,10 @@ class Config:
     resume: bool = opt(False, "continue the run --name after its last finished iteration")
     eval_only: bool = opt(False, "evaluate --checkpoint and print the paper's Table 1 columns")
     checkpoint: str = opt("", "for --eval-only: a run folder, or a model folder (then R = --rm-model)")
+
+    def target_kl_of(self, name: str) -> float:
+        """The trust region of the update of `name` ("policy" or "rm"): R's own when --rm-target-kl is set."""
+        return self.rm_target_kl if name == "rm" and self.rm_target_kl >= 0 else self.target_kl
 
 
 class ConfigError(Exception):
@@ -236,6 +242,7 @@ RANGES = [
     ("rm_steps", lambda v: v >= 1, "at least 1"),
     ("warmup_steps", lambda v: v >= 0, ">= 0 (0: no warm-up)"),
     ("target_kl", lambda v: v >= 0, ">= 0 (0: off)"),
+    ("rm_target_kl", lambda v: v >= 0 or v == -1, ">= 0 (0: off), or -1 (the same as --target-kl)"),
     ("lr", lambda v: 0 < v < 1, "in (0, 1)"),
     ("rm_lr", lambda v: 0 < v < 1, "in (0, 1)"),
     ("lam", lambda v: v >= 0, ">= 0"),

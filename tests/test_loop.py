@@ -242,6 +242,16 @@ def test_every_numeric_flag_has_a_range_and_refuses_a_bad_value():
                 loop.parse_args([flag, str(bad)])
 
 
+def test_rm_target_kl_gives_r_its_own_trust_region():
+    maze = loop.parse_args(["--task", "maze"])
+    assert maze.target_kl_of("policy") == maze.target_kl_of("rm") == 0.01          # -1: R shares P's
+    own = loop.parse_args(["--task", "maze", "--rm-target-kl", "0.05"])
+    assert (own.target_kl_of("policy"), own.target_kl_of("rm")) == (0.01, 0.05)
+    assert loop.parse_args(["--task", "maze", "--rm-target-kl", "0"]).target_kl_of("rm") == 0.0   # R's off
+    with pytest.raises(loop.ConfigError, match="--rm-target-kl"):
+        loop.parse_args(["--rm-target-kl", "-0.5"])
+
+
 def test_each_setting_shows_its_own_defaults_and_the_released_values():
     out = {t: run_cli(["--task", t, "--help"]).stdout for t in ("livebench", "alfworld", "osworld")}
     flat = {t: " ".join(o.split()) for t, o in out.items()}
