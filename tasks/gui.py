@@ -73,7 +73,11 @@ class ScreenError(Exception):
 
 class Guarded:
     """Runs every call to an external process in one worker thread with a timeout. A crash or no
-    answer within `timeout` seconds kills the process (`kill`, subclass) and raises ScreenError."""
+    answer within `timeout` seconds kills the process (`kill`, subclass) and raises ScreenError.
+    Starting the process and loading a page get `START_S` instead: a cold Chromium start next to two
+    others on a busy 2-core machine took more than 5 s, and is not a hang."""
+
+    START_S = 120.0
 
     def __init__(self, timeout: float):
         self.timeout, self.restarts = timeout, 0
@@ -86,10 +90,10 @@ class Guarded:
         self.kill()
         self._pool.shutdown(wait=False)
 
-    def _call(self, fn, *args):
+    def _call(self, fn, *args, slow: bool = False):
         fut = self._pool.submit(fn, *args)
         try:
-            return fut.result(timeout=self.timeout)
+            return fut.result(timeout=max(self.timeout, self.START_S) if slow else self.timeout)
         except Exception as e:  # noqa: BLE001 (a dead or hung process raises many kinds of errors)
             self.kill()
             self._pool.shutdown(wait=False)     # a hung call may still hold the old thread

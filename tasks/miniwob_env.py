@@ -111,15 +111,15 @@ class Browser(Guarded):
         self.instance = self.page = None
 
     # — episodes —
-    def _reset(self, page: str, seed) -> Screen:
-        if self.instance is None:
-            self._start()
+    def _open(self, page: str) -> None:
         inst = self.instance
-        if page != self.page:
-            inst.url = f"file://{_html_dir()}/miniwob/{page}.html"
-            inst.driver.get(inst.url)
-            inst.field_extractor = _field_extractor(page)
-            self.page = page
+        inst.url = f"file://{_html_dir()}/miniwob/{page}.html"
+        inst.driver.get(inst.url)
+        inst.field_extractor = _field_extractor(page)
+        self.page = page
+
+    def _reset(self, seed) -> Screen:
+        inst = self.instance
         inst.record_screenshots = self.screenshots
         inst.force_stop()
         inst.driver.execute_script(f"core.EPISODE_MAX_TIME = {TIMER_MS};")
@@ -141,7 +141,11 @@ class Browser(Guarded):
 
     def reset(self, page: str, seed) -> Screen:
         """Load a MiniWoB page (if another one is open) and start its episode for `seed`."""
-        return self._call(self._reset, page, seed)
+        if self.instance is None:
+            self._call(self._start, slow=True)
+        if page != self.page:
+            self._call(self._open, page, slow=True)
+        return self._call(self._reset, seed)
 
     def step(self, kind: str, **kwargs) -> tuple[Screen | None, bool, float]:
         """One MiniWoB action (ActionTypes name, its fields): (screen or None when done, done, raw reward)."""

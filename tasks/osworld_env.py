@@ -104,14 +104,12 @@ class Bridge(Guarded):
             kill_tree(self.proc.pid)
         self.proc = None
 
-    def _send(self, msg: dict) -> dict:
-        if self.proc is None:
-            self.proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                         bufsize=1)
-            hello = self._roundtrip({"op": "hello"})
-            if hello.get("protocol") != 1:
-                raise RuntimeError(f"bridge speaks protocol {hello.get('protocol')!r}, not 1")
-        return self._roundtrip(msg)
+    def _start(self) -> None:
+        self.proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     bufsize=1)
+        hello = self._roundtrip({"op": "hello"})
+        if hello.get("protocol") != 1:
+            raise RuntimeError(f"bridge speaks protocol {hello.get('protocol')!r}, not 1")
 
     def _roundtrip(self, msg: dict) -> dict:
         self.proc.stdin.write(json.dumps(msg) + "\n")
@@ -125,7 +123,9 @@ class Bridge(Guarded):
         return answer
 
     def call(self, msg: dict) -> dict:
-        return self._call(self._send, msg)
+        if self.proc is None:
+            self._call(self._start, slow=True)
+        return self._call(self._roundtrip, msg)
 
 
 def screen_of(obs: dict) -> Screen:
