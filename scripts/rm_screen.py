@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,16 +122,14 @@ def oracles(rollouts) -> dict:
         >>> q["oracle_valid_bacc"], q["oracle_valid_mu"]   # hits 3/3 and 1/2; p₊ = 3/3, p₋ = 1/2
         (0.75, 1.5)
     """
-    steps = [(st, ro.outcome) for ro in rollouts for st in ro.steps if st.label is not None]
     judges = {"label": lambda st, o: st.label, "outcome": lambda st, o: 1 if o > 0 else -1,
               "valid": lambda st, o: 1 if st.parsed else -1}
     out = {}
-    for name, judge in judges.items():
-        recalls = [statistics.fmean(judge(st, o) == y for st, o in steps if st.label == y)
-                   for y in (1, -1) if any(st.label == y for st, _ in steps)]
-        out[f"oracle_{name}_bacc"] = statistics.fmean(recalls) if recalls else float("nan")
-        out[f"oracle_{name}_mu"] = reward_model.theorem1([[judge(st, o)] for st, o in steps if o > 0],
-                                                         [[judge(st, o)] for st, o in steps if o < 0], 1)["mu"]
+    for name, judge in judges.items():   # each judge scored as an R with m = 1 on the labelled steps
+        judged = [replace(ro, steps=[replace(st, verdicts=[judge(st, ro.outcome)]) for st in ro.steps
+                                     if st.label is not None]) for ro in rollouts]
+        out[f"oracle_{name}_bacc"] = reward_model.agent_metrics(judged)["process_bacc"]
+        out[f"oracle_{name}_mu"] = reward_model.theorem1_metrics(judged, 1, labels=False)["thm1_mu"]
     return out
 
 
@@ -195,9 +194,13 @@ def report(args) -> str:
     lines = ["| configuration | flags | balanced Process Acc, it 0 → last | μ (labels), it 0 → last | "
              "μ (outcomes), last | mean verdict, last | R samples / it | median R KL | collapsed |",
              "|---|---|---|---|---|---|---|---|---|"]
+    oracle = {}   # seed → its first row with the fixed judges' numbers
     for name in args.configs:
-        cells = [rows for s in range(args.seeds) if (rows := cell_rows(Path(args.out) / f"{name}-s{s}"))
-                 and (Path(args.out) / f"{name}-s{s}" / "done").exists()]
+        by_seed = {s: rows for s in range(args.seeds) if (rows := cell_rows(Path(args.out) / f"{name}-s{s}"))
+                   and (Path(args.out) / f"{name}-s{s}" / "done").exists()}
+        for s, rows in by_seed.items():   # the validation rollouts are the same in every configuration
+            oracle[s] = oracle.get(s) or next((r for r in rows if "val/oracle_label_mu" in r), None)
+        cells = list(by_seed.values())
         if not cells:
             continue
         evals = [[r for r in rows if "val/process_bacc" in r] for rows in cells]
@@ -213,13 +216,7 @@ def report(args) -> str:
                      f"{statistics.fmean(r['train/rm_samples'] for r in train):.0f} | "
                      f"{statistics.median(kls) if kls else float('nan'):.4f} | "
                      f"{'yes' if any(collapsed(e[-1]) for e in evals) else 'no'} |")
-    oracle = {}   # per seed: the validation rollouts are the same in every configuration
-    for name in args.configs:
-        for s in range(args.seeds):
-            rows = [r for r in cell_rows(Path(args.out) / f"{name}-s{s}") if "val/oracle_label_mu" in r]
-            if rows and s not in oracle:
-                oracle[s] = rows[0]
-    for s, row in sorted(oracle.items()):
+    for s, row in sorted((s, r) for s, r in oracle.items() if r):
         lines.append(f"\nFixed judges on seed {s}'s validation rollouts (balanced Process Acc; μ against the outcomes): "
                      + "; ".join(f"{j} {100 * row[f'val/oracle_{j}_bacc']:.1f} %, μ {row[f'val/oracle_{j}_mu']:.2f}"
                                  for j in ("label", "outcome", "valid")) + ".")
