@@ -138,23 +138,36 @@ def eval_groups(adapter, sets: dict[str, list[Task]], policy, rm, cfg) -> dict[s
 
 def accuracy(key: str, groups: list[Group]) -> dict:
     """An eval set's accuracy, as metrics named after `key`: the mean over tasks of each task's accuracy
-    (over its --eval-samples episodes); `key`_se, std/√n over tasks (the task is the unit that was
-    sampled; nan for a single task); `key`_tasks, each task's accuracy in the set's fixed order, so that
-    two iterations can be compared task by task (paired_gain)."""
-    accs = [g.acc for g in groups]
-    se = statistics.stdev(accs) / math.sqrt(len(accs)) if len(accs) > 1 else float("nan")
-    return {key: sum(accs) / len(accs), key + "_se": se, key + "_tasks": accs}
+    (over its --eval-samples episodes), with `mean_se`'s standard error and per-task list."""
+    return mean_se(key, [g.acc for g in groups])
+
+
+def mean_se(key: str, per_task: list[float]) -> dict:
+    """A per-task eval metric over a set: `key`, the mean over the tasks where it is defined (NaN marks one
+    where it is not); `key`_se, std/√n over those tasks (the task is the unit that was sampled; NaN for fewer
+    than two); `key`_tasks, every task's value in the set's fixed order, so that two iterations can be
+    compared task by task (paired_gain).
+
+        >>> mean_se("ut", [0.5, float("nan"), 1.0, 0.0])    # std of (0.5, 1, 0) = 0.5, over √3
+        {'ut': 0.5, 'ut_se': 0.2886751345948129, 'ut_tasks': [0.5, nan, 1.0, 0.0]}
+    """
+    vals = [v for v in per_task if not math.isnan(v)]
+    nan = float("nan")
+    return {key: statistics.fmean(vals) if vals else nan,
+            key + "_se": statistics.stdev(vals) / math.sqrt(len(vals)) if len(vals) > 1 else nan,
+            key + "_tasks": list(per_task)}
 
 
 def paired_gain(before: list[float], after: list[float]) -> tuple[float, float]:
     """An eval's gain between two iterations on the same tasks: the mean of the per-task differences
-    d_i = after_i - before_i and its standard error std(d)/√n. Pairing removes the spread between easy
-    and hard tasks, which dominates the unpaired SE √(se_before² + se_after²) when few tasks are
-    evaluated and the successes sit in a few of them."""
+    d_i = after_i - before_i and its standard error std(d)/√n, over the tasks where the metric is defined
+    at both (not NaN). Pairing removes the spread between easy and hard tasks, which dominates the unpaired
+    SE √(se_before² + se_after²) when few tasks are evaluated and the successes sit in a few of them."""
     if len(before) != len(after):
         raise ValueError(f"paired_gain: {len(before)} tasks before, {len(after)} after")
-    d = [a - b for b, a in zip(before, after)]
-    return statistics.fmean(d), statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else float("nan")
+    d = [a - b for b, a in zip(before, after) if not (math.isnan(a) or math.isnan(b))]
+    nan = float("nan")
+    return statistics.fmean(d) if d else nan, statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else nan
 
 
 def gains(before: dict, row: dict) -> dict:

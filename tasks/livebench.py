@@ -36,7 +36,7 @@ from pathlib import Path
 from plumbing.engines import prefilled, render_chat
 from records import Group, Rollout, Step, Task, stage
 from reward_model import RM_ACC_RANGE, parse_test, theorem1_metrics, unit_test_rewards, verdicts_from_tests, write_tests
-from tasks import AdapterBase, TaskError, accuracy, chosen_sets, eval_groups
+from tasks import AdapterBase, TaskError, accuracy, chosen_sets, eval_groups, mean_se
 from tasks.sandbox import RunResult, outputs_match, run_many
 
 # The setting's defaults on a 2-core CPU; each is a flag. The zero handling is the released code's coding
@@ -357,29 +357,26 @@ def run_tests(task: Task, programs: list[str], tests: list[tuple[str, str] | Non
 # ───────────────────────────── metrics (paper Table 1) ─────────────────────────────
 
 def coding_metrics(gt_pass: list[list[bool]], passes: list[list[list[bool]]], tests_ok: list[list[bool]]) -> dict:
-    """UT and Detect over tasks.
+    """UT and Detect over tasks, each with its standard error and per-task values (`mean_se`).
 
     Per task t: gt_pass[t][i] whether program i is a GT code; passes[t][i][k] program i on
-    generated test k; tests_ok[t][k] whether test k is well-formed.
-    UT: share of generated tests every GT code passes, over tasks with ≥1 GT code.
-    Detect: share of generated tests passing all GT codes and failing all non-GT codes,
-    over tasks with both.
+    generated test k; tests_ok[t][k] whether test k is well-formed. A test is correct when it is
+    well-formed and every GT code passes it.
+    UT of a task: its share of correct tests; defined when the task has ≥1 GT code.
+    Detect of a task: its share of correct tests that every non-GT code fails; defined when it has both.
+    UT and Detect: the means over the tasks where they are defined. Every task has R's m tests, so
+    this is also the share of all their tests.
     """
-    ut_hit = ut_n = det_hit = det_n = 0
+    nan = float("nan")
+    ut, detect = [], []
     for gp, ps, ok in zip(gt_pass, passes, tests_ok):
         gt = [i for i, g in enumerate(gp) if g]
         bad = [i for i, g in enumerate(gp) if not g]
-        if not gt:
-            continue
-        for k in range(len(ok)):
-            correct = ok[k] and all(ps[i][k] for i in gt)
-            ut_hit += correct
-            ut_n += 1
-            if bad:
-                det_hit += correct and not any(ps[i][k] for i in bad)
-                det_n += 1
-    return {"ut": ut_hit / ut_n if ut_n else float("nan"), "detect": det_hit / det_n if det_n else float("nan"),
-            "ut_tasks_tests": ut_n, "detect_tasks_tests": det_n}
+        correct = [ok[k] and all(ps[i][k] for i in gt) for k in range(len(ok))]
+        ut.append(sum(correct) / len(ok) if gt and ok else nan)
+        detect.append(sum(c and not any(ps[i][k] for i in bad) for k, c in enumerate(correct)) / len(ok)
+                      if gt and bad and ok else nan)
+    return mean_se("ut", ut) | mean_se("detect", detect)
 
 
 # ───────────────────────────── the adapter ─────────────────────────────
@@ -529,8 +526,7 @@ class Adapter(AdapterBase):
                 gt_pass.append([ro.outcome > 0 for ro in g.rollouts] + [True] * len(ref))
                 passes.append(g.test_passes + ref)
                 ok.append([t is not None for t in parsed])
-            m = coding_metrics(gt_pass, passes, ok)
-            out[f"{name}/ut"], out[f"{name}/detect"] = m["ut"], m["detect"]
+            out |= {f"{name}/{k}": v for k, v in coding_metrics(gt_pass, passes, ok).items()}
             out |= {f"{name}/{k}": v for k, v in
                     theorem1_metrics([ro for g in mine for ro in g.rollouts], cfg.m, labels=False).items()}
         return out

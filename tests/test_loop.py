@@ -42,6 +42,7 @@ def test_cli_two_iterations_each_ablation(tmp_path, ablation):
     assert [row["iteration"] for row in rows] == [0, 1, 2]
     assert "eval/in_domain/code" in rows[0] and "eval/ood/code" in rows[-1]
     assert ("eval/in_domain/ut" in rows[0]) == (ablation != "grpo")   # grpo has no R
+    assert ("eval/in_domain/ut_gain_se" in rows[-1] and "eval/in_domain/detect_se" in rows[0]) == (ablation != "grpo")
     assert json.loads((run / "ckpt" / "state.json").read_text()) == {"iteration": 2}
     assert (run / "ckpt" / "policy" / "config.json").exists()
     assert (run / "ckpt" / "reward_model").exists() == (ablation != "grpo")

@@ -253,8 +253,11 @@ def test_coding_metrics_hand_example():
         gt_pass=[[True, False], [False], [True]],
         passes=[[[True, True, False], [False, True, False]], [[True]], [[True, False]]],
         tests_ok=[[True, True, False], [True], [True, True]])
-    assert m["ut"] == pytest.approx(3 / 5)      # A: t0, t1 correct of 3; C: 1 of 2
+    assert m["ut_tasks"][0] == pytest.approx(2 / 3) and math.isnan(m["ut_tasks"][1]) and m["ut_tasks"][2] == 0.5
+    assert m["ut"] == pytest.approx(7 / 12)     # A: t0, t1 correct of 3; C: 1 of 2; B has no GT code
+    assert m["ut_se"] == pytest.approx(1 / 12)  # std(2/3, 1/2) = (1/6)/√2, over √2
     assert m["detect"] == pytest.approx(1 / 3)  # A only: t0
+    assert math.isnan(m["detect_se"]) and math.isnan(m["detect_tasks"][2])   # one task: no SE; C has no non-GT code
 
 
 # ── Theorem 1's quantities (reward_model.theorem1) ──
@@ -354,6 +357,8 @@ def test_paired_gain_by_hand():
     from tasks import paired_gain
     gain, se = paired_gain([0.0, 0.5, 1.0, 0.25], [0.25, 0.5, 1.0, 0.75])
     assert gain == pytest.approx(0.1875) and se == pytest.approx(0.119678, abs=1e-6)
+    # a task where the metric is undefined at either iteration (NaN) is left out: d = (0.5, −0.5), std √0.5, SE 0.5
+    assert paired_gain([0.0, math.nan, 1.0, 0.0], [0.5, 1.0, 0.5, math.nan]) == pytest.approx((0.0, 0.5))
     with pytest.raises(ValueError):
         paired_gain([0.0, 1.0], [1.0])
 
