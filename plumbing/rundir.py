@@ -214,7 +214,8 @@ DYNAMICS = [("P: answers and update", ["train/policy_unparseable", "losses/polic
             ("R: Theorem 1, training steps (μ > 1: beats a constant)",
              ["train/thm1_mu", "train/thm1_precision", "train/thm1_bound", "train/thm1_label_mu"], (0, 2)),
             ("coding R: where its signal goes (rm_funnel)",
-             ["train/rm_band", "train/rm_tied", "train/rm_tests_distinct", "train/rm_tests_correct"], (0, 1))]
+             ["train/rm_band", "train/rm_tied", "train/rm_tied_other", "train/rm_tests_distinct",
+              "train/rm_tests_correct"], (0, 1))]
 
 
 def plot_curve(rows: list[dict], path: Path) -> None:

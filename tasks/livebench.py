@@ -384,9 +384,10 @@ def coding_metrics(gt_pass: list[list[bool]], passes: list[list[list[bool]]], te
 def rm_funnel(groups: list[Group], wrong_cost: bool, acc_range: tuple[float, float] = RM_ACC_RANGE) -> dict:
     """Where coding R's training signal is lost, per iteration (shares over the iteration's groups / tests):
     rm_band: groups in R's accuracy band (the only ones `rm_samples` reads); rm_tied: of those, groups whose
-    m test rewards are all equal (`unit_test_rewards` with the run's wrong_cost is None: no sample); rm_tests_malformed: tests that do
-    not parse; rm_tests_distinct: distinct tests per group over m (copies of one test tie); rm_tests_correct:
-    over groups with a GT code, parsed tests that every GT code passes.
+    m test rewards are all equal (`unit_test_rewards` with the run's wrong_cost is None: no sample); rm_tied_other:
+    the same share under the other setting of --wrong-tests-cost, so that one run measures both; rm_tests_malformed:
+    tests that do not parse; rm_tests_distinct: distinct tests per group over m (copies of one test tie);
+    rm_tests_correct: over groups with a GT code, parsed tests that every GT code passes.
 
         >>> from records import Completion, Rollout, Task
         >>> t1, t2 = (Completion(f"Input: {i}\\nOutput: {i + 1}", [], [], "stop") for i in (1, 2))
@@ -395,13 +396,16 @@ def rm_funnel(groups: list[Group], wrong_cost: bool, acc_range: tuple[float, flo
         >>> f = rm_funnel([g], wrong_cost=False)   # both programs pass t1, fail t2: every reward is 0, a tie
         >>> f["rm_band"], f["rm_tied"], round(f["rm_tests_distinct"], 3), round(f["rm_tests_correct"], 3)
         (1.0, 1.0, 0.667, 0.667)
-        >>> rm_funnel([g], wrong_cost=True)["rm_tied"]   # t2, which the GT code fails, now earns −1: no tie
-        0.0
+        >>> f["rm_tied_other"], rm_funnel([g], wrong_cost=True)["rm_tied"]   # t2, which the GT fails, earns −1
+        (0.0, 0.0)
     """
     nan = float("nan")
     band = [g for g in groups if acc_range[0] <= g.acc <= acc_range[1]]
-    tied = [g for g in band if unit_test_rewards([ro.outcome > 0 for ro in g.rollouts], g.test_passes,
-                                                 wrong_cost=wrong_cost) is None]
+
+    def tied(cost: bool) -> float:
+        n = sum(unit_test_rewards([ro.outcome > 0 for ro in g.rollouts], g.test_passes, wrong_cost=cost) is None
+                for g in band)
+        return n / len(band) if band else nan
     parsed = [[parse_test(c.text) for c in g.tests] for g in groups]
     correct, judged = 0, 0
     for g, tests in zip(groups, parsed):
@@ -411,7 +415,8 @@ def rm_funnel(groups: list[Group], wrong_cost: bool, acc_range: tuple[float, flo
                 judged += 1
                 correct += all(row[k] for row in gt)
     n_tests = sum(map(len, parsed))
-    return {"rm_band": len(band) / len(groups) if groups else nan, "rm_tied": len(tied) / len(band) if band else nan,
+    return {"rm_band": len(band) / len(groups) if groups else nan, "rm_tied": tied(wrong_cost),
+            "rm_tied_other": tied(not wrong_cost),
             "rm_tests_malformed": sum(t is None for ts in parsed for t in ts) / n_tests if n_tests else nan,
             "rm_tests_distinct": sum(len({c.text.strip() for c in g.tests}) / len(g.tests) for g in groups if g.tests)
             / max(sum(bool(g.tests) for g in groups), 1),

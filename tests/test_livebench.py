@@ -340,5 +340,6 @@ def test_rm_funnel_counts_band_ties_and_wrong_tests_by_hand():
     f = rm_funnel([g, far], wrong_cost=False)
     assert f["rm_band"] == 0.5                       # acc 2/3 is in [0.2, 0.8], acc 0 is not
     assert f["rm_tied"] == 0.0                       # t1 +1, t2 −1, malformed 0: not all equal
+    assert f["rm_tied_other"] == 0.0                 # with --wrong-tests-cost t2 still earns −1
     assert f["rm_tests_malformed"] == 2 / 6 and f["rm_tests_distinct"] == 1.0
     assert f["rm_tests_correct"] == 0.5              # of g's 2 parsed tests (far has no GT code), t1 only

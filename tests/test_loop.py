@@ -121,7 +121,7 @@ def test_loop_trains_policy_and_rm_on_mixed_groups(tmp_path, monkeypatch):
         assert r["train/thm1_mu"] == r["train/thm1_p_plus"] + r["train/thm1_p_minus"]
         assert "train/thm1_label_mu" not in r
         # coding R's funnel: acc 0.5 puts every group in R's band; the shares are shares
-        assert r["train/rm_band"] == 1.0 and 0 <= r["train/rm_tied"] <= 1
+        assert r["train/rm_band"] == 1.0 and 0 <= r["train/rm_tied"] <= 1 and 0 <= r["train/rm_tied_other"] <= 1
         assert 0 < r["train/rm_tests_distinct"] <= 1 and 0 <= r["train/rm_tests_malformed"] <= 1
     # acc 0.5 is inside [α_low, α_high]: no proposals; every slot stays at its original
     slots = json.loads((tmp_path / "mixed" / "ckpt" / "env_state.json").read_text())
