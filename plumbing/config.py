@@ -79,6 +79,9 @@ class Config:
     wrong_tests_cost: bool = opt(False, "coding, not in the paper: a test R writes that a GT code fails earns at most "
                                  "−1 (the paper's reward gives 0 to a wrong test that every program fails, as to a "
                                  "correct test that catches nothing, so the two tie)")
+    rm_oracle: bool = opt(False, "maze, a control, not the method: R's m verdicts on a step are its exact label "
+                          "(tasks.agent.label_verdicts), so --ablation stepwise / policy show what a perfect judge's "
+                          "step signal gives P")
     rm_norm: str = opt("step", "agent settings: Eq. 3's z-score over each step's m judgments (step: the paper; a step "
                        "whose m judgments agree is skipped) or over every judgment of the iteration (batch, not in "
                        "the paper: unanimous steps train R too; reward_model.batch_consistency_rewards)",
@@ -157,7 +160,7 @@ class _Parser(argparse.ArgumentParser):
 # Flags that only some settings read, grouped under those settings' names in --help.
 SETTING_FLAGS = {
     "livebench (coding)": ["coding_task", "coding_reward", "wrong_tests_cost", "sandbox_timeout", "humaneval_limit", "data"],
-    "alfworld, osworld, maze (multi-turn agents)": ["max_turns", "eval_max_turns"],
+    "alfworld, osworld, maze (multi-turn agents)": ["max_turns", "eval_max_turns", "rm_oracle"],
     "osworld": ["backend", "screenshots", "browsers", "browser_timeout", "osworld_tasks", "osworld_python",
                 "osworld_provider", "osworld_vm"],
 }
@@ -285,6 +288,11 @@ def validate(cfg: "Config") -> None:
                                                      "writes tests (agent settings only)"),
         (cfg.wrong_tests_cost and cfg.task != "livebench", "--wrong-tests-cost changes the reward of R's unit tests "
                                                            "(the coding setting only)"),
+        (cfg.rm_oracle and cfg.task != "maze", "--rm-oracle reads exact step labels on training steps: the maze "
+                                               "only (ALFWorld computes its planner labels in evaluation only)"),
+        (cfg.rm_oracle and cfg.ablation not in ("policy", "stepwise"), "--rm-oracle replaces R's verdicts with the "
+                                                                         "labels: use it with --ablation policy or "
+                                                                         "stepwise (R is not trained)"),
         (cfg.rm_norm != "step" and cfg.task == "livebench", "--rm-norm normalizes R's step verdicts; the coding "
                                                             "setting's R writes tests (agent settings only)"),
     ]

@@ -58,8 +58,9 @@ def parse(argv=None):
 
 def cell_args(args, row: str, seed: int) -> list[str]:
     """loop.py's flags for one cell. The stepwise row (claim 2) reads its frozen R from the same seed's full
-    cell, the R that the full method trained, unless --rm-model is given."""
-    own_rm = any(f == "--rm-model" or f.startswith("--rm-model=") for f in args.loop_flags)
+    cell, the R that the full method trained, unless --rm-model is given (or --rm-oracle puts the labels in R's
+    place)."""
+    own_rm = any(f == "--rm-model" or f.startswith("--rm-model=") or f == "--rm-oracle" for f in args.loop_flags)
     rm = ["--rm-model", str(full_rm(args, seed))] if row == "stepwise" and not own_rm else []
     return ["--task", args.task, "--ablation", row, "--seed", str(seed), "--runs-dir", str(args.dir),
             "--name", f"{row}-s{seed}", *rm, *args.loop_flags]

@@ -6,7 +6,7 @@ An agent setting subclasses `AgentAdapter` and supplies four things: how an epis
 scores (`score`; O_τ = +1 iff score > 0). The rest is here, once:
 - batched play: at every turn ONE generate call serves every live episode of every task;
 - the groups of G rollouts per task;
-- R's judgments (m per step, one call; reward_model.judge_steps);
+- R's judgments (m per step, one call; reward_model.judge_steps), or the labels in their place (`--rm-oracle`);
 - evaluation (success ± its standard error; R's Process Acc where steps carry labels, Outcome Acc, and
   Theorem 1's quantities);
 - the critic feedback E reads about failed rollouts.
@@ -29,6 +29,22 @@ def parse_choice(text: str, n: int) -> int | None:
     """The 1-based index in the last \\boxed{k} of an answer, if 1 <= k <= n (a numbered-menu action)."""
     found = [b.strip() for b in boxed(text) if b.strip().isdecimal()]   # what int() reads: not "¹"
     return int(found[-1]) if found and 1 <= int(found[-1]) <= n else None
+
+
+def label_verdicts(groups: list[Group], m: int) -> None:
+    """--rm-oracle, a control outside the method: every step's m verdicts are its exact label, so R_τ in Eq. 1
+    is O_τ + λ·label (integrated) or λ·label (stepwise), the step signal of a judge that is never wrong.
+
+        >>> st = Step("", [], "", [], label=-1)
+        >>> label_verdicts([Group(Task("t", "", {}), [Rollout("t", [st], -1)])], m=3); st.verdicts
+        [-1, -1, -1]
+    """
+    for g in groups:
+        for ro in g.rollouts:
+            for st in ro.steps:
+                if st.label not in (1, -1):
+                    raise ValueError(f"--rm-oracle: a step of task {ro.task_id} has no exact label ({st.label!r})")
+                st.verdicts = [st.label] * m
 
 
 @dataclass(kw_only=True)
@@ -115,7 +131,10 @@ class AgentAdapter(AdapterBase):
 
     # — R judges every step m times, in one batched call —
     def judge(self, groups: list[Group], engine, cfg) -> None:
-        judge_steps(groups, engine, cfg, prefix=self.judge_prefix)
+        if cfg.rm_oracle:
+            label_verdicts(groups, cfg.m)
+        else:
+            judge_steps(groups, engine, cfg, prefix=self.judge_prefix)
 
     # — evaluation: the paper's Table 1 columns for an agent setting —
     def evaluate(self, sets: dict[str, list[Task]], policy, rm, cfg) -> dict:

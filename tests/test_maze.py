@@ -2,6 +2,7 @@
 agree with the solver, bad answers cost a step, E's rewrites are solver-checked, the ladder moves,
 and 2 loop iterations per ablation on the tiny model."""
 import re
+from math import isnan
 from types import SimpleNamespace
 
 import pytest
@@ -153,6 +154,24 @@ def test_cli_two_iterations_each_ablation(tmp_path, ablation):
                           "--eval-every", "0")
     assert "eval/ood/success" in rows[0] and "eval/in_domain/success_se" in rows[-1]
     assert ("eval/in_domain/process_acc" in rows[-1]) == (ablation != "grpo")
+
+
+@pytest.mark.slow
+def test_rm_oracle_puts_the_exact_labels_in_rs_place(tmp_path):
+    """--rm-oracle (a control): every verdict is the step's label, so against the labels the judge is perfect,
+    in training (Theorem 1's p₋ = 1, and p₊ = 1 where a good step was played) and at the eval (Process Acc 100 %)."""
+    rows = two_iterations("maze", "stepwise", tmp_path, "--rm-oracle", "--max-turns", "3", "--eval-tasks", "3",
+                          "--eval-samples", "2", "--eval-every", "0")
+    for r in rows[1:]:
+        p_plus = r["train/thm1_label_p_plus"]
+        assert r["train/thm1_label_p_minus"] == 1.0 and (p_plus == 1.0 or isnan(p_plus))
+    assert rows[0]["eval/in_domain/process_acc"] == rows[-1]["eval/in_domain/process_acc"] == 1.0
+
+
+def test_rm_oracle_is_refused_where_steps_have_no_labels_or_r_trains():
+    for argv in (["--task", "alfworld", "--ablation", "stepwise", "--rm-oracle"], ["--task", "maze", "--rm-oracle"]):
+        with pytest.raises(loop.ConfigError, match="--rm-oracle"):
+            loop.parse_args(argv)
 
 
 def test_the_maze_samples_in_fp32_like_its_updates():
