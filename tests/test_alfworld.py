@@ -98,7 +98,7 @@ class ScriptedEngine:
 
 def test_rollout_batches_turns_and_unparseable_episodes_run_to_the_step_limit(adapter):
     cfg = SimpleNamespace(max_turns=4, max_new_tokens=4, top_p=1.0, temperature=1.0, m=2, rm_temperature=1.0,
-                          rm_top_p=1.0, rm_max_new_tokens=4)
+                          rm_top_p=1.0, rm_oracle=False, rm_max_new_tokens=4)
     adapter.plan_labels = False  # as in training: no planner, no labels
     try:
         groups = adapter.rollout(adapter.sets["train"][:2], 2, ScriptedEngine("no number here"), cfg)

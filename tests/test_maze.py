@@ -16,7 +16,7 @@ from records import Completion
 from tasks import maze as mz
 
 CFG = SimpleNamespace(max_turns=20, max_new_tokens=4, top_p=1.0, temperature=1.0, m=2, rm_temperature=1.0,
-                      rm_top_p=1.0, rm_max_new_tokens=4)
+                      rm_top_p=1.0, rm_oracle=False, rm_max_new_tokens=4)
 
 
 class ScriptedEngine:
@@ -159,12 +159,13 @@ def test_cli_two_iterations_each_ablation(tmp_path, ablation):
 @pytest.mark.slow
 def test_rm_oracle_puts_the_exact_labels_in_rs_place(tmp_path):
     """--rm-oracle (a control): every verdict is the step's label, so against the labels the judge is perfect,
-    in training (Theorem 1's p₋ = 1, and p₊ = 1 where a good step was played) and at the eval (Process Acc 100 %)."""
+    in training (Theorem 1's μ = p₊ + p₋ = 2 against the labels, where both kinds of step were played) and at the
+    eval (Process Acc 100 %)."""
     rows = two_iterations("maze", "stepwise", tmp_path, "--rm-oracle", "--max-turns", "3", "--eval-tasks", "3",
                           "--eval-samples", "2", "--eval-every", "0")
     for r in rows[1:]:
-        p_plus = r["train/thm1_label_p_plus"]
-        assert r["train/thm1_label_p_minus"] == 1.0 and (p_plus == 1.0 or isnan(p_plus))
+        mu = r["train/thm1_label_mu"]
+        assert mu == 2.0 or isnan(mu)   # NaN: the iteration's rollouts held steps of one label only
     assert rows[0]["eval/in_domain/process_acc"] == rows[-1]["eval/in_domain/process_acc"] == 1.0
 
 

@@ -28,7 +28,7 @@ from tasks.gui import Action, parse_action
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "osworld"
 CFG = SimpleNamespace(max_turns=4, max_new_tokens=8, top_p=1.0, temperature=1.0, m=2, rm_temperature=1.0,
-                      rm_top_p=1.0, browsers=3, rm_max_new_tokens=4)
+                      rm_top_p=1.0, rm_oracle=False, browsers=3, rm_max_new_tokens=4)
 
 
 @pytest.fixture(scope="module")
