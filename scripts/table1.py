@@ -10,7 +10,8 @@ resumable: a finished run is skipped, a killed one is continued with --resume, s
 starting the study again loses at most the iteration in flight. The table gives, per row, each
 eval column after training as mean ± std over seeds with the per-seed values; "before" is the
 iteration-0 eval (the initial model, the same for every row of a seed). R's columns are UT and
-Detect in coding, Process / Outcome Acc in the agent settings (grpo has no R: "-").
+Detect in coding, Process / Outcome Acc in the agent settings (grpo has no R: "-"). A second table gives the
+paper's comparisons (CONTRASTS), row against row, paired over the eval tasks within each seed.
 """
 from __future__ import annotations
 
@@ -215,6 +216,43 @@ def theorem1(args, runs: dict) -> str:
     return per_row_table(args, runs, cols, spec=".3g")
 
 
+# The paper's comparisons, as (A, B) for A − B: claim 1's ladder (Policy < + Reward < + Env), each against
+# outcome-only GRPO, and claim 2's step-wise row against GRPO and against integrated feedback with an untrained R.
+CONTRASTS = [("policy_reward", "policy"), ("full", "policy_reward"), ("full", "policy"), ("full", "grpo"),
+             ("policy", "grpo"), ("stepwise", "grpo"), ("stepwise", "policy")]
+
+
+def contrasts(args, runs: dict) -> str:
+    """Markdown: each of the paper's comparisons A − B at the last eval, paired over the eval tasks within a seed
+    (tasks.paired_gain: the same tasks, the same iteration-0 model), for every per-task eval accuracy. Per seed
+    d ± its SE over tasks; over seeds the mean of the d's with two SEs: between seeds, std(d)/√k, which sees the
+    seed-to-seed spread, and within, √Σse²/k, which sees only the task sampling. In %."""
+    cols = [c for c in eval_columns(runs) if not c.endswith("_gain")]
+    head = ["A − B", "metric", *[f"seed {s}" for s in range(args.seeds)], "mean", "SE between seeds", "SE within"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for a, b in CONTRASTS:
+        if a not in args.rows or b not in args.rows:
+            continue
+        for col in cols:
+            per_seed = {}
+            for s in range(args.seeds):
+                ea, eb = last_eval(runs.get((a, s), [])), last_eval(runs.get((b, s), []))
+                ta, tb = ea.get(col + "_tasks"), eb.get(col + "_tasks")
+                if ta is not None and tb is not None and len(ta) == len(tb) and ea["iteration"] == eb["iteration"]:
+                    d, se = tasks.paired_gain(tb, ta)          # (before, after) = (B, A): the mean of A_i − B_i
+                    if not math.isnan(d):
+                        per_seed[s] = (100 * d, 100 * se)
+            if not per_seed:
+                continue
+            ds = [d for d, _ in per_seed.values()]
+            between = f"{statistics.stdev(ds) / math.sqrt(len(ds)):.1f}" if len(ds) > 1 else "-"
+            within = math.sqrt(sum(se ** 2 for _, se in per_seed.values())) / len(ds)
+            seeds = [f"{per_seed[s][0]:+.1f} ± {per_seed[s][1]:.1f}" if s in per_seed else "-" for s in range(args.seeds)]
+            lines.append(f"| {a} − {b} | {col.removeprefix('eval/')} | " + " | ".join(seeds)
+                         + f" | {statistics.fmean(ds):+.1f} | {between} | {within:.1f} |")
+    return "\n".join(lines)
+
+
 def third(rows: list[dict], key: str, last: bool) -> float:
     """The mean of `key` over the first or the last third of a run's iterations."""
     k = max(1, len(rows) // 3)
@@ -340,6 +378,8 @@ def main(argv=None) -> int:
         print(f"error: no runs under {args.dir}", file=sys.stderr)
         return 2
     print(table(args, runs))
+    print()
+    print(contrasts(args, runs))
     print()
     print(dynamics(args, runs))
     print()

@@ -72,3 +72,22 @@ def test_bad_rows_and_reserved_flags_are_refused(tmp_path):
     for extra in (["--rows", "grpo,nope"], ["--seed", "3"], ["--name", "x"], ["--rows", "stepwise,full"]):
         with pytest.raises(SystemExit):
             table1.parse([*extra, "--runs-dir", str(tmp_path)])
+
+
+def test_contrasts_pair_rows_over_tasks_within_a_seed_by_hand():
+    """full − grpo at the last eval, per seed paired over the 4 eval tasks, then over seeds. By hand, in %:
+    seed 0: d = (1, 0, 0.5, 0) → mean 37.5, std 47.87/√4 → SE 23.9; seed 1: d = (0, 0, 0, −0.5) → −12.5 ± 12.5.
+    Over seeds: mean 12.5; between seeds std(37.5, −12.5)/√2 = 35.36/1.414 = 25.0; within √(23.94² + 12.5²)/2
+    = 13.5. Seed 2 has no full cell: "-". Rows not in --rows give no line; iteration 0 is never compared."""
+    def cell(after):
+        return [{"iteration": 0, "eval/in_domain/success": 0.0, "eval/in_domain/success_tasks": [0.0] * 4},
+                {"iteration": 1, "train/acc": 0.5},
+                {"iteration": 2, "eval/in_domain/success": sum(after) / 4, "eval/in_domain/success_tasks": after}]
+    runs = {("grpo", 0): cell([0.0, 0.5, 0.0, 0.0]), ("full", 0): cell([1.0, 0.5, 0.5, 0.0]),
+            ("grpo", 1): cell([0.0, 0.0, 1.0, 0.5]), ("full", 1): cell([0.0, 0.0, 1.0, 0.0]),
+            ("grpo", 2): cell([0.0, 0.0, 0.0, 0.0])}
+    args = table1.parse(["--rows", "grpo,full", "--seeds", "3", "--report-only"])
+    lines = table1.contrasts(args, runs).splitlines()
+    assert len(lines) == 3 and lines[0].startswith("| A − B | metric | seed 0 | seed 1 | seed 2 | mean |")
+    cells = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert cells == ["full − grpo", "in_domain/success", "+37.5 ± 23.9", "-12.5 ± 12.5", "-", "+12.5", "25.0", "13.5"]
