@@ -78,6 +78,6 @@ def policy_samples(groups: list[Group], *, acc_range: tuple[float, float], drop_
     Tasks whose acc lies outside acc_range are left out. Steps with advantage 0 are dropped when
     drop_zero (the released code drops them in ALFWorld and OSWorld and keeps them in coding, where
     they still count in the loss's batch mean and its KL term)."""
-    return [Sample(st.prompt_ids, st.response_ids, st.advantage, st.vision)
+    return [Sample(st.prompt_ids, st.response_ids, st.advantage, st.vision, st.logprobs)
             for g in groups if acc_range[0] <= g.acc <= acc_range[1]
             for ro in g.rollouts for st in ro.steps if st.response_ids and not (drop_zero and st.advantage == 0)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import random
+from typing import NamedTuple
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -18,19 +19,37 @@ from plumbing import dist, vision
 from plumbing.models import amp_context
 from records import Sample
 
-def _collate(samples: list[Sample], pad_id: int, device):
-    """Right-padded batch. mask[b, t] = 1 where token t+1 is a response token; last, the rows' pixel inputs."""
+class Batch(NamedTuple):
+    """One right-padded micro-batch (`collate`)."""
+    ids: torch.Tensor          # [B, L] prompt + response tokens
+    attention: torch.Tensor    # [B, L] 1 on real tokens
+    mask: torch.Tensor         # [B, L-1] 1 where token t+1 is a response token (the trained tokens)
+    adv: torch.Tensor          # [B] each sequence's advantage
+    visions: list              # the rows' pixel inputs (Sample.vision), None for text
+    sampled: torch.Tensor      # [B, L-1] the sampler's log-prob of token t+1 (Sample.logprobs), 0 where unknown
+    sampled_mask: torch.Tensor  # [B, L-1] 1 on response tokens whose sampler log-prob is known
+
+
+def collate(samples: list[Sample], pad_id: int, device) -> Batch:
+    """Right-padded batch of samples, aligned so that position t predicts token t+1."""
     seqs = [s.prompt_ids + s.response_ids for s in samples]
     width = max(map(len, seqs))
     input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)  # [B, L]
     attention = torch.zeros((len(seqs), width), dtype=torch.long)         # [B, L]
     mask = torch.zeros((len(seqs), width - 1))                            # [B, L-1]
+    sampled = torch.zeros((len(seqs), width - 1))                         # [B, L-1]
+    sampled_mask = torch.zeros((len(seqs), width - 1))                    # [B, L-1]
     for b, (s, seq) in enumerate(zip(samples, seqs)):
         input_ids[b, :len(seq)] = torch.tensor(seq)
         attention[b, :len(seq)] = 1
-        mask[b, len(s.prompt_ids) - 1:len(seq) - 1] = 1
+        response = slice(len(s.prompt_ids) - 1, len(seq) - 1)
+        mask[b, response] = 1
+        if s.logprobs is not None and len(s.logprobs) == len(s.response_ids):
+            sampled[b, response] = torch.tensor(s.logprobs)
+            sampled_mask[b, response] = 1
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)  # [B]
-    return input_ids.to(device), attention.to(device), mask.to(device), adv.to(device), [s.vision for s in samples]
+    return Batch(input_ids.to(device), attention.to(device), mask.to(device), adv.to(device),
+                 [s.vision for s in samples], sampled.to(device), sampled_mask.to(device))
 
 
 class LogProbs(torch.nn.Module):
@@ -120,6 +139,22 @@ def clipped(ratio, clip_eps: float):
     return ((ratio - 1).abs() > clip_eps).float()
 
 
+def sampler_mismatch(logp, logp_sampler):
+    """How far the sampler's policy is from the trainer's, per sampled token: |Δ| and the k3 estimate of
+    KL(π_sampler ‖ π_trainer), with Δ = log π_trainer − log π_sampler on a token the sampler drew:
+
+        k3 = e^Δ − 1 − Δ   (≥ 0, unbiased for the KL under the sampler's draws; verl's rollout/trainer mismatch)
+    Both are 0 when the engine samples exactly the policy PPO trains (before the update). logp, logp_sampler:
+    [b, L-1]. Returns (|Δ|, k3), each [b, L-1].
+
+        >>> abs_diff, k3 = sampler_mismatch(torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -2.0]]))
+        >>> abs_diff.tolist(), round(k3[0, 0].item(), 4)     # Δ = 0.5: e^0.5 − 1.5 = 0.1487
+        ([[0.5, 0.0]], 0.1487)
+    """
+    delta = logp - logp_sampler                    # [b, L-1] log(π_trainer / π_sampler)
+    return delta.abs(), torch.expm1(delta) - delta
+
+
 # Eq. 5's constants as the released code sets them, which are also Config's generic defaults: scripts and
 # tests pass **RELEASED, the loop passes the run's flags.
 RELEASED = {"clip_eps": 0.2, "kl_beta": 0.01, "log_ratio_clamp": 10.0, "warmup_steps": 0, "target_kl": 0.0}
@@ -135,7 +170,8 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
     `token_loss` computes them:
         ℓ_t = −min(r·A_i, clip(r, 1−ε, 1+ε)·A_i) + β·(π_old/π_θ − log(π_old/π_θ) − 1)
     The loss is the token-mean per sequence, then the mean over the mini-batch.
-    "Old" log-probs are recomputed here by the trained model, never taken from the sampler.
+    "Old" log-probs are recomputed here by the trained model, never taken from the sampler; where the samples
+    carry the sampler's log-probs, the two are compared (`sampler_mismatch`).
 
     The trust region (target_kl > 0; not in the released code, which keeps every step): when the whole
     update's KL to π_old exceeds target_kl, the update is scaled back, θ ← θ_old + α·(θ − θ_old), with α
@@ -146,70 +182,80 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
     (CleanRL's convention: the first mini-batch is on-policy, r = 1); entropy, π_old's entropy on the
     trained response tokens; update_clipfrac and update_kl, π as the update leaves it against π_old, token
     means over every trained token of every rank (one more forward pass): how far the whole update moved
-    π, whatever `steps` is; step_scale, the α kept (1 without a line search).
+    π, whatever `steps` is; step_scale, the α kept (1 without a line search); sampler_abs_diff and sampler_kl,
+    the mean |log π_old − log π_sampler| and k3 KL(π_sampler ‖ π_old) over every trained token whose sampler
+    log-prob is known (0 when the engine samples the trained policy; a bf16 sampler, stale weights or an engine
+    bug show here).
     """
     lp = model if isinstance(model, LogProbs) else LogProbs(model)
     device = next(lp.parameters()).device
     samples = sorted(samples, key=lambda s: len(s.prompt_ids) + len(s.response_ids))  # similar lengths: less padding
     micro = [samples[i:i + micro_batch] for i in range(0, len(samples), micro_batch)]
-    ranks = dist.Lockstep(micro, lambda batch: _collate(batch, pad_id, device), blank=[Sample([pad_id], [pad_id], 0.0)])
+    ranks = dist.Lockstep(micro, lambda batch: collate(batch, pad_id, device), blank=[Sample([pad_id], [pad_id], 0.0)])
     if not ranks.sum(len(samples)):
         return {}
     order = list(range(len(micro)))
     random.Random(seed).shuffle(order)
     per_step = [order[s::steps] for s in range(steps)]   # `steps` mini-batches of micro-batches
     stats = {"loss": [], "clipfrac": [], "kl": [], "entropy": [], "grad_norm": []}
+    drift = torch.zeros(3)   # Σ |Δ|, Σ k3, tokens: the sampler against π_old (`sampler_mismatch`)
 
     def record(name, values, mask):
         stats[name].append(((values * mask).sum() / mask.sum().clamp(min=1)).item())
 
+    def set_old(k, b: Batch, logp, ent):
+        """π_old of micro-batch k, its entropy, and how far the sampler that drew its tokens was from it."""
+        old[k] = logp.detach()                                                        # [b, L-1]
+        if k is not None:
+            record("entropy", ent, b.mask)
+            abs_diff, k3 = sampler_mismatch(old[k], b.sampled)                        # [b, L-1] each
+            drift.add_(torch.stack([(abs_diff * b.sampled_mask).sum(), (k3 * b.sampled_mask).sum(),
+                                    b.sampled_mask.sum()]).cpu())
+
     lp.train()
     params = [p for p in lp.parameters() if p.requires_grad]
     start = [p.detach().clone() for p in params] if target_kl else []   # θ_old, for the line search
-    with torch.no_grad():  # π_old for the micro-batches that train after the first optimizer step; for the
-        old = {}           # first mini-batch π_old = π_θ, so its own forward pass gives it (one pass saved)
-        for k, (ids, att, mask, _, vis) in ranks.batches([k for group in per_step[1:] for k in group]):
-            old[k], ent = lp(ids, att, amp=amp, entropy_at=mask.bool(), visions=vis)  # [b, L-1] each
-            if k is not None:
-                record("entropy", ent, mask)
+    old = {}   # π_old per micro-batch: a no-grad pass for those that train after the first optimizer step; the
+    with torch.no_grad():   # first mini-batch's own forward pass gives its π_old (π_old = π_θ there: one pass saved)
+        for k, b in ranks.batches([k for group in per_step[1:] for k in group]):
+            set_old(k, b, *lp(b.ids, b.attention, amp=amp, entropy_at=b.mask.bool(), visions=b.visions))
     for group in per_step:
         n_seq = ranks.sequences(group)
         if not n_seq:
             continue
         optimizer.zero_grad(set_to_none=True)
-        for k, (ids, att, mask, adv, vis) in ranks.batches(group):
-            on_policy = k not in old
-            logp, ent = lp(ids, att, amp=amp, entropy_at=mask.bool(), visions=vis) if on_policy \
-                else (lp(ids, att, amp=amp, visions=vis), None)
-            if on_policy:
-                old[k] = logp.detach()                                                # [b, L-1] π_old = π_θ
-            pg, kl, ratio = token_loss(logp, old[k], adv, clip_eps, log_ratio_clamp)  # [b, L-1] each
-            per_seq = ((pg + kl_beta * kl) * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [b] token-mean
+        for k, b in ranks.batches(group):
+            if k not in old:   # on-policy
+                logp, ent = lp(b.ids, b.attention, amp=amp, entropy_at=b.mask.bool(), visions=b.visions)
+                set_old(k, b, logp, ent)
+            else:
+                logp = lp(b.ids, b.attention, amp=amp, visions=b.visions)                # [b, L-1]
+            pg, kl, ratio = token_loss(logp, old[k], b.adv, clip_eps, log_ratio_clamp)  # [b, L-1] each
+            per_seq = ((pg + kl_beta * kl) * b.mask).sum(-1) / b.mask.sum(-1).clamp(min=1)  # [b] token-mean
             ranks.backward(per_seq, k, n_seq)                                         # mean over the mini-batch
             if k is None:
                 continue
             with torch.no_grad():
                 stats["loss"].append(per_seq.mean().item())
-                record("clipfrac", clipped(ratio, clip_eps), mask)
-                record("kl", kl, mask)
-                if on_policy:
-                    record("entropy", ent, mask)
+                record("clipfrac", clipped(ratio, clip_eps), b.mask)
+                record("kl", kl, b.mask)
         norm = torch.nn.utils.clip_grad_norm_(lp.parameters(), max_grad_norm)
         stats["grad_norm"].append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
         warm_up(optimizer, warmup_steps)
         optimizer.step()
+
     @torch.no_grad()
     def update_size() -> tuple[float, float]:
         """(KL, clip fraction) of π now against π_old: token means over every trained token of every rank."""
         kl_sum = clip_sum = tokens = 0.0
         ranks.reshard(lp)        # the line search moves the shards in place: gather them afresh
-        for k, (ids, att, mask, adv, vis) in ranks.batches([k for group in per_step for k in group]):
-            logp = lp(ids, att, amp=amp, visions=vis)                                 # [b, L-1]
+        for k, b in ranks.batches([k for group in per_step for k in group]):
+            logp = lp(b.ids, b.attention, amp=amp, visions=b.visions)                 # [b, L-1]
             if k is not None:
-                _, kl, ratio = token_loss(logp, old[k], adv, clip_eps, log_ratio_clamp)
-                kl_sum += (kl * mask).sum().item()
-                clip_sum += (clipped(ratio, clip_eps) * mask).sum().item()
-                tokens += mask.sum().item()
+                _, kl, ratio = token_loss(logp, old[k], b.adv, clip_eps, log_ratio_clamp)
+                kl_sum += (kl * b.mask).sum().item()
+                clip_sum += (clipped(ratio, clip_eps) * b.mask).sum().item()
+                tokens += b.mask.sum().item()
         tokens = max(ranks.sum(tokens), 1)
         return ranks.sum(kl_sum) / tokens, ranks.sum(clip_sum) / tokens
 
@@ -217,6 +263,9 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
     if target_kl and kl > target_kl:
         alpha, kl, clip = line_search(params, start, update_size, kl, target_kl)
     stats["step_scale"], stats["update_kl"], stats["update_clipfrac"] = [alpha], [kl], [clip]
+    if (known := ranks.sum(drift[2].item())) > 0:   # token means over every rank's tokens with a sampler log-prob
+        stats["sampler_abs_diff"], stats["sampler_kl"] = [ranks.sum(drift[0].item()) / known], \
+            [ranks.sum(drift[1].item()) / known]
     lp.eval()
     return {k: sum(v) / len(v) for k, v in stats.items() if v} | {"samples": len(samples),
                                                                    "steps": len(stats["grad_norm"])}

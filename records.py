@@ -37,6 +37,8 @@ class Completion:
     ids: list[int]          # response token ids, ending with eos when finish_reason == "stop"
     finish_reason: str      # "stop" (eos) or "length" (max_new_tokens)
     vision: dict | None = None   # a vision-language model's prompt: its screenshots and patch grid (plumbing/vision.py)
+    logprobs: list[float] | None = None   # the sampler's log π(token) of each of `ids` (raw logits, T = 1); None
+                                          # where the engine gives none (transformers' generate for a VLM)
 
 
 @dataclass
@@ -56,6 +58,12 @@ class Step:
     parsed: bool = True                                       # P's answer was a valid action / a program
     vision: dict | None = None                                # P's screenshots (Completion.vision), GUI with a VLM
     judge_images: tuple = ()                                  # the screenshots R is shown with judge_prompt (GUI)
+    logprobs: list[float] | None = None                       # the sampler's log-probs of response_ids (Completion)
+
+    @classmethod
+    def sampled(cls, prompt: str, c: Completion, **fields) -> "Step":
+        """A step from P's completion `c` of `prompt`: its tokens, the sampler's log-probs and the screenshots."""
+        return cls(prompt, c.prompt_ids, c.text, c.ids, logprobs=c.logprobs, vision=c.vision, **fields)
 
 
 @dataclass
@@ -94,6 +102,7 @@ class Sample:
     response_ids: list[int]
     advantage: float
     vision: dict | None = None     # the prompt's screenshots (a vision-language model; Completion.vision)
+    logprobs: list[float] | None = None   # the sampler's log-probs of response_ids, for the mismatch metric
 
 
 @contextmanager

@@ -242,7 +242,7 @@ def rm_samples(groups: list[Group], kind: str, *, acc_range: tuple[float, float]
     pairs += [(st.judgments, adv, r) for (st, r), adv in zip(steps, advs)]
     pairs = [(outs, adv, r) for outs, adv, r in pairs if adv]
     weights = balance_weights([r > 0 for _, _, r in pairs]) if balance and kind == "steps" else [1.0] * len(pairs)
-    return [Sample(c.prompt_ids, c.ids, w * a, c.vision) for (outs, adv, _), w in zip(pairs, weights)
+    return [Sample(c.prompt_ids, c.ids, w * a, c.vision, c.logprobs) for (outs, adv, _), w in zip(pairs, weights)
             for c, a in zip(outs, adv) if not (drop_zero and a == 0)]
 
 

@@ -103,20 +103,25 @@ def _sample(logits, temperature: float, top_p: float):
 
 @torch.no_grad()
 def decode(model, input_ids, attention, *, max_new_tokens: int, temperature: float, top_p: float, eos_id: int,
-           amp: bool = True) -> list[list[int]]:
-    """Batched KV-cache decoding of left-padded prompts. Rows that emit eos leave the batch at once
-    (their cache rows are dropped), so a long straggler does not make finished rows pay per step."""
+           amp: bool = True) -> tuple[list[list[int]], list[list[float]]]:
+    """Batched KV-cache decoding of left-padded prompts: each row's tokens, and the log-prob of each under the
+    model's raw distribution (T = 1, before top-p), as vLLM reports its raw log-probs. Rows that emit eos leave
+    the batch at once (their cache rows are dropped), so a long straggler does not make finished rows pay per step."""
     b = input_ids.shape[0]
     alive = torch.arange(b, device=input_ids.device)
     tokens: list[list[int]] = [[] for _ in range(b)]
+    logprobs: list[list[float]] = [[] for _ in range(b)]
     with amp_context(amp):
         out = model(input_ids=input_ids, attention_mask=attention, position_ids=(attention.cumsum(-1) - 1).clamp(min=0),
                     use_cache=True, logits_to_keep=1)
         cache = out.past_key_values
         for step in range(max_new_tokens):
-            nxt = _sample(out.logits[:, -1], temperature, top_p)  # [alive]
-            for row, tok in zip(alive.tolist(), nxt.tolist()):
+            logits = out.logits[:, -1]                                                   # [alive, V]
+            nxt = _sample(logits, temperature, top_p)                                    # [alive]
+            picked = torch.log_softmax(logits.float(), -1).gather(-1, nxt[:, None])[:, 0]  # [alive]
+            for row, tok, lp in zip(alive.tolist(), nxt.tolist(), picked.tolist()):
                 tokens[row].append(tok)
+                logprobs[row].append(lp)
             keep = (nxt != eos_id).nonzero().squeeze(-1)  # [alive']
             if step == max_new_tokens - 1 or len(keep) == 0:
                 break
@@ -126,7 +131,7 @@ def decode(model, input_ids, attention, *, max_new_tokens: int, temperature: flo
             attention = torch.cat([attention, attention.new_ones(len(alive), 1)], dim=-1)  # [alive, L+1]
             out = model(input_ids=nxt[:, None], attention_mask=attention, position_ids=attention.sum(-1, keepdim=True) - 1,
                         past_key_values=cache, use_cache=True)
-    return tokens
+    return tokens, logprobs
 
 
 def encode_prompts(tokenizer, prompts: list[str], images: list | None, max_prompt_tokens: int):
@@ -172,17 +177,18 @@ class HFEngine:
             width = max(map(len, ids))
             input_ids = torch.tensor([[tok.pad_token_id] * (width - len(x)) + x for x in ids], device=device)  # [b, L]
             attention = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=device)     # [b, L]
-            if any(visions[i] for i, _ in batch):   # multimodal RoPE: transformers' own decoding
+            if any(visions[i] for i, _ in batch):   # multimodal RoPE: transformers' own decoding (no log-probs)
                 with amp_context(self.amp):
                     rows = vision.sample(model, tok, input_ids, attention, [visions[i] for i, _ in batch],
                                          max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+                logps = [None] * len(rows)
             else:
-                rows = decode(model, input_ids, attention, max_new_tokens=max_new_tokens, temperature=temperature,
-                              top_p=top_p, eos_id=tok.eos_token_id, amp=self.amp)
-            for resp, (i, j) in zip(rows, batch):
+                rows, logps = decode(model, input_ids, attention, max_new_tokens=max_new_tokens,
+                                     temperature=temperature, top_p=top_p, eos_id=tok.eos_token_id, amp=self.amp)
+            for resp, lp, (i, j) in zip(rows, logps, batch):
                 stopped = bool(resp) and resp[-1] == tok.eos_token_id
                 out[i][j] = Completion(tok.decode(resp, skip_special_tokens=True), encoded[i], resp,
-                                       "stop" if stopped else "length", visions[i])
+                                       "stop" if stopped else "length", visions[i], lp)
         model.train(was_training)
         return out  # type: ignore[return-value]
 
@@ -365,8 +371,10 @@ class VLLMEngine:
         tok = self.tokenizer
         keep = min(self.max_prompt_tokens, self.server.llm.llm_engine.model_config.max_model_len - max_new_tokens)
         encoded, visions = encode_prompts(tok, prompts, images, keep)
+        # logprobs=0: the sampled token's log-prob, from the raw logits (vLLM's default logprobs_mode, "raw_logprobs":
+        # before temperature, top-p and logit_bias), which is what the trainer computes (the mismatch metric, ppo.py)
         params = SamplingParams(n=n, temperature=max(temperature, 0.0), top_p=top_p if temperature > 0 else 1.0,
-                                max_tokens=max_new_tokens, stop_token_ids=[tok.eos_token_id], detokenize=False,
+                                max_tokens=max_new_tokens, stop_token_ids=[tok.eos_token_id], detokenize=False, logprobs=0,
                                 logit_bias={t: -100.0 for t in vision.reserved_ids(self.model)} if any(visions) else None)
         # a prompt with images goes to vLLM with one marker token per image, which vLLM expands itself (it expands
         # whatever it finds, so `encoded`'s expanded ids would be expanded twice); it must expand them as `encode` did
@@ -378,7 +386,8 @@ class VLLMEngine:
         if any(v and list(o.prompt_token_ids) != ids for o, ids, v in zip(outs, encoded, visions)):
             raise ModelError("vLLM expanded an image to other tokens than the trainer's image processor did")
         return [[Completion(tok.decode(c.token_ids, skip_special_tokens=True), ids, list(c.token_ids),
-                            "stop" if c.finish_reason == "stop" else "length", v) for c in o.outputs]
+                            "stop" if c.finish_reason == "stop" else "length", v,
+                            [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)]) for c in o.outputs]
                 for o, ids, v in zip(outs, encoded, visions)]
 
 

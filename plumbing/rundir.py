@@ -203,7 +203,8 @@ def on_sigint(*_):
 
 
 # curve.png's dynamics panels, for P and for R: shares on a linear axis (a collapse takes the unparseable
-# share to 1, a constant R its mean verdict to ±1), then entropy and the update's KL on a log axis, then
+# share to 1, a constant R its mean verdict to ±1), then entropy and the update's KL on a log axis, then how far
+# the engine's sampling policy was from the trainer's (mean |Δ log p| and k3 KL: ppo.sampler_mismatch), then
 # R's Theorem 1 quantities (a constant R has μ = 1 and 𝒜 = 0; reward_model.theorem1), and in coding the share of
 # groups in R's band, of those whose tests tie, and of R's tests that are distinct and correct.
 DYNAMICS = [("P: answers and update", ["train/policy_unparseable", "losses/policy_update_clipfrac"], (0, 1)),
@@ -211,6 +212,9 @@ DYNAMICS = [("P: answers and update", ["train/policy_unparseable", "losses/polic
              (-1, 1)),
             ("P: entropy and KL per update", ["losses/policy_entropy", "losses/policy_update_kl"], "log"),
             ("R: entropy and KL per update", ["losses/rm_entropy", "losses/rm_update_kl"], "log"),
+            ("sampler vs trainer before each update (0: on-policy)",
+             ["losses/policy_sampler_abs_diff", "losses/policy_sampler_kl", "losses/rm_sampler_abs_diff",
+              "losses/rm_sampler_kl"], "log"),
             ("R: Theorem 1, training steps (μ > 1: beats a constant)",
              ["train/thm1_mu", "train/thm1_precision", "train/thm1_bound", "train/thm1_label_mu"], (0, 2)),
             ("coding R: where its signal goes (rm_funnel)",

@@ -235,8 +235,8 @@ class Adapter(AgentAdapter):
         judge = JUDGE_PROMPT.format(goal=ep.task.prompt, history=_history(ep), obs=ep.obs[:600],
                                     response=completion.text.strip()[:300],
                                     action=action or "none (no valid action number)", next_obs=obs[:600])
-        ep.steps.append(Step(prompt, completion.prompt_ids, completion.text, completion.ids, observation=obs,
-                             judge_prompt=judge, label=label, parsed=action is not None))
+        ep.steps.append(Step.sampled(prompt, completion, observation=obs,
+                                     judge_prompt=judge, label=label, parsed=action is not None))
         ep.history.append((action, obs))
         ep.actions.append(action or "(invalid)")
         ep.obs = obs

@@ -86,8 +86,8 @@ class Adapter(AgentAdapter):
         ep.won = ep.done = guess == secret
         ep.told.append(f"{guess}: {answer}" if guess is not None else answer)
         ep.actions.append(ep.told[-1])
-        ep.steps.append(Step(prompt, completion.prompt_ids, completion.text, completion.ids, observation=answer,
-                             judge_prompt=judge, label=label, parsed=guess is not None))
+        ep.steps.append(Step.sampled(prompt, completion, observation=answer,
+                                     judge_prompt=judge, label=label, parsed=guess is not None))
 
     def variant(self, task: Task, direction: str) -> Task | None:
         """The same position in the next range up or down the ladder."""

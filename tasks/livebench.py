@@ -492,7 +492,7 @@ class Adapter(AdapterBase):
             for c, p in zip(cs, ps):
                 res = next(gt)
                 seen = f"passed {sum(res)}/{len(res)} GT tests" + (" (stopped at the first failure)" if first_failure else "")
-                step = Step(prompt, c.prompt_ids, c.text, c.ids, observation=seen, parsed=compiles(p))
+                step = Step.sampled(prompt, c, observation=seen, parsed=compiles(p))
                 rollouts.append(Rollout(task.id, [step], 1 if all(res) else -1, sum(res) / len(res), program=p,
                                         gt_passes=res))
             groups.append(Group(task, rollouts))

@@ -234,9 +234,9 @@ class Adapter(AgentAdapter):
         gr, gc = find(grid, "G")
         judge = JUDGE_PROMPT.format(gr=gr, gc=gc, r=before[0], c=before[1], map="\n".join(grid),
                                     response=completion.text.strip()[:200], action=action, r2=ep.pos[0], c2=ep.pos[1])
-        ep.steps.append(Step(prompt, completion.prompt_ids, completion.text, completion.ids,
-                             observation=f"at row {ep.pos[0]}, column {ep.pos[1]}", judge_prompt=judge,
-                             label=step_label(ep.dist, before, after), parsed=choice is not None))
+        ep.steps.append(Step.sampled(prompt, completion, observation=f"at row {ep.pos[0]}, column {ep.pos[1]}",
+                                     judge_prompt=judge, label=step_label(ep.dist, before, after),
+                                     parsed=choice is not None))
         ep.actions.append(action if choice is not None else "none")
 
     def why_failed(self, ro) -> str:

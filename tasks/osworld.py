@@ -227,9 +227,8 @@ class Adapter(AgentAdapter):
                                     before=_screen_text(before), response=completion.text.strip()[:300], action=taken,
                                     after=_screen_text(after))
         shots = tuple(s.screenshot for s in (before, after) if s is not None and s.screenshot is not None)
-        ep.steps.append(Step(prompt, completion.prompt_ids, completion.text, completion.ids,
-                             observation=_screen_text(after)[:300], judge_prompt=judge, parsed=parsed,
-                             vision=completion.vision, judge_images=shots))
+        ep.steps.append(Step.sampled(prompt, completion, observation=_screen_text(after)[:300], judge_prompt=judge,
+                                     parsed=parsed, judge_images=shots))
         ep.actions.append(taken)
         ep.screen = after
 

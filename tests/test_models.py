@@ -24,8 +24,8 @@ def _prompt_batch(tok, texts):
 def test_greedy_decode_matches_transformers_generate(tiny):
     model, tok = tiny
     input_ids, attention = _prompt_batch(tok, ["hi", "a longer prompt here"])
-    ours = engines.decode(model, input_ids, attention, max_new_tokens=20, temperature=0, top_p=1.0,
-                      eos_id=tok.eos_token_id, amp=False)
+    ours, _ = engines.decode(model, input_ids, attention, max_new_tokens=20, temperature=0, top_p=1.0,
+                             eos_id=tok.eos_token_id, amp=False)
     ref = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=20, do_sample=False,
                          pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)[:, input_ids.shape[1]:]
     for row, ref_row in zip(ours, ref.tolist()):
@@ -170,6 +170,58 @@ def test_ppo_update_with_a_target_kl_stays_inside_it(tiny):
     held = ppo.ppo_update(model, ppo.make_optimizer(model, 1e-2), samples, tok.pad_token_id, steps=2, micro_batch=2,
                           amp=False, seed=0, **{**ppo.RELEASED, "target_kl": 0.01})
     assert 0 < held["update_kl"] <= 0.01 and held["step_scale"] < 1.0
+
+
+def test_sampler_mismatch_hand_values():
+    """Δ = log π_trainer − log π_sampler = (0.5, −0.2, 0): |Δ| = (0.5, 0.2, 0); k3 = e^Δ − 1 − Δ =
+    (e^0.5 − 1.5, e^−0.2 − 0.8, 0) = (0.148721, 0.018731, 0)."""
+    abs_diff, k3 = ppo.sampler_mismatch(torch.tensor([[-1.0, -2.2, -0.3]]), torch.tensor([[-1.5, -2.0, -0.3]]))
+    assert abs_diff[0].tolist() == pytest.approx([0.5, 0.2, 0.0])
+    assert k3[0].tolist() == pytest.approx([0.148721, 0.018731, 0.0], abs=1e-6)
+
+
+def _sampled(engine, tok, n=4):
+    """Samples of `engine` (T 1, top-p 0.9) on two prompts, with advantages ±1 and the sampler's log-probs."""
+    prompts = [engines.render_chat(tok, "hi"), engines.render_chat(tok, "a longer prompt here")]
+    outs = engine.generate(prompts, n=n, temperature=1.0, top_p=0.9, max_new_tokens=12)
+    return [records.Sample(c.prompt_ids, c.ids, (-1.0) ** k, logprobs=c.logprobs)
+            for cs in outs for k, c in enumerate(cs)]
+
+
+def test_fp32_sampler_agrees_with_the_trainer_and_a_stale_one_does_not():
+    """The transformers engine in fp32 samples the trained policy: its raw log-probs (KV-cache decoding of
+    left-padded prompts) equal the trainer's (right-padded, chunked) to about 1e-5, so the update reports a
+    mismatch near 0 on P's tokens. A sampler left on the weights before an update (never synced) draws from the old
+    policy: the next update reports it."""
+    import copy
+
+    model, tok = models.load("tiny", seed=0)
+    stale = copy.deepcopy(model)
+    engine = engines.make_engines("hf", {"p": (model, tok)}, amp=False)["p"]
+    torch.manual_seed(0)
+    samples = _sampled(engine, tok)
+    assert all(len(s.logprobs) == len(s.response_ids) > 0 for s in samples)
+    first = ppo.ppo_update(model, ppo.make_optimizer(model, 1e-2), samples, tok.pad_token_id, steps=2, micro_batch=2,
+                           amp=False, seed=0, **ppo.RELEASED)
+    assert first["sampler_abs_diff"] < 1e-5 and 0 <= first["sampler_kl"] < 1e-9
+    assert first["update_kl"] > 1e-3                   # the update moved the trained policy ...
+    stale_engine = engines.make_engines("hf", {"p": (stale, tok)}, amp=False)["p"]
+    stale_samples = _sampled(stale_engine, tok)        # ... and this sampler still has the weights before it
+    second = ppo.ppo_update(model, ppo.make_optimizer(model, 1e-6), stale_samples, tok.pad_token_id, steps=2,
+                            micro_batch=2, amp=False, seed=0, **ppo.RELEASED)
+    assert second["sampler_abs_diff"] > 1e-2 and second["sampler_kl"] > 1e-4
+
+
+def test_samples_without_sampler_logprobs_report_no_mismatch(tiny):
+    """A sample whose engine gave no log-probs (transformers' generate for a VLM) is left out of the mismatch;
+    with none known, the update reports none."""
+    model, tok = models.load("tiny", seed=0)
+    prompt = tok(engines.render_chat(tok, "q"), add_special_tokens=False)["input_ids"]
+    samples = [records.Sample(prompt, tok(t, add_special_tokens=False)["input_ids"], a)
+               for t, a in (("good", 1.0), ("bad!", -1.0))]
+    stats = ppo.ppo_update(model, ppo.make_optimizer(model, 1e-3), samples, tok.pad_token_id, steps=1, micro_batch=2,
+                           amp=False, seed=0, **ppo.RELEASED)
+    assert "sampler_kl" not in stats and "sampler_abs_diff" not in stats
 
 
 def test_warm_up_scales_each_step_by_hand():

@@ -89,6 +89,42 @@ def test_sampling_shapes_and_stop(pair):
             assert c.text == e.tokenizer.decode(c.ids, skip_special_tokens=True)
 
 
+def test_vllm_logprobs_are_the_trainers_and_a_missed_sync_shows(pair):
+    """vLLM reports the raw log-prob of each sampled token (T 1, before top-p): in fp32 it equals the trainer's,
+    and the update's mismatch metric is near 0. Weights changed without a sync leave vLLM sampling the old
+    policy, and the metric shows it."""
+    import ppo
+    from records import Sample
+
+    models, engines = pair
+    (model, tok), engine = models["p"], engines["p"]
+    saved = [p.detach().clone() for p in model.parameters()]
+    prompts = [render_chat(tok, p) for p in PROMPTS]
+
+    def mismatch():
+        outs = engine.generate(prompts, n=4, temperature=1.0, top_p=0.9, max_new_tokens=12)
+        samples = [Sample(c.prompt_ids, c.ids, (-1.0) ** k, logprobs=c.logprobs) for cs in outs for k, c in enumerate(cs)]
+        assert all(len(s.logprobs) == len(s.response_ids) for s in samples)
+        stats = ppo.ppo_update(model, ppo.make_optimizer(model, 1e-9), samples, tok.pad_token_id, steps=1,
+                               micro_batch=4, amp=False, seed=0, **ppo.RELEASED)
+        return stats["sampler_abs_diff"], stats["sampler_kl"]
+
+    try:
+        engine.sync()
+        synced = mismatch()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
+        stale = mismatch()            # the engine still holds the weights before the change
+    finally:
+        with torch.no_grad():
+            for p, s in zip(model.parameters(), saved):
+                p.copy_(s)
+        engine.sync()
+    assert synced[0] < 1e-4 and synced[1] < 1e-7
+    assert stale[0] > 100 * synced[0] and stale[0] > 1e-2 and stale[1] > 1e-4
+
+
 def test_lora_sync_is_merged(pair):
     """A LoRA model's engine serves W + s·B·A: equal to the transformers engine on the peft model."""
     models, _ = pair
