@@ -39,10 +39,11 @@ import policy
 import reward_model
 import tasks
 from plumbing.config import ABLATIONS, Config, ConfigError, check_distributed, describe, parse_args
-from plumbing.engines import make_engines, sync_seconds
+from plumbing.engines import engine_tokens, make_engines, sync_seconds
 from plumbing.models import ModelError, Trained, add_lora, load, seed_everything
 from plumbing.vision import freeze_tower
-from ppo import LogProbs, make_optimizer, ppo_update
+from plumbing.logprobs import LogProbs
+from ppo import make_optimizer, ppo_update
 from records import Sampling, stage
 from plumbing.rundir import INTERRUPTED, Run, load_optimizer, on_sigint
 from tasks import sandbox
@@ -58,7 +59,7 @@ def train(cfg: Config) -> Path:
     with Run(cfg) as run:
         adapter, slots, models, engines, start = setup(cfg, run, use_rm, adapt_env)
         for it in range(start + 1, cfg.iterations + 1):
-            t_start, timings, synced = time.perf_counter(), {}, sync_seconds(engines)
+            t_start, timings, synced, counted = time.perf_counter(), {}, sync_seconds(engines), engine_tokens(engines)
             seed_everything(iteration_seed(cfg, it) + dist.rank())  # a resumed run replays exactly
 
             # 1. pick the iteration's tasks: active versions + every pending rewrite
@@ -106,7 +107,9 @@ def train(cfg: Config) -> Path:
                 with stage(timings, "eval"):
                     row |= evaluate(cfg, adapter, engines)
                 row |= tasks.gains((run.metrics() or [{}])[0], row)   # paired over the eval tasks, against iteration 0
-            timings |= adapter.pop_timings() | {"time/sync": sync_seconds(engines) - synced}
+            timings |= adapter.pop_timings() | {"time/sync": sync_seconds(engines) - synced} | \
+                {f"tokens/{name}_{kind}": n - counted[name][kind]   # processed this iteration (eval included)
+                 for name, used in engine_tokens(engines).items() for kind, n in used.items()}
             run.finish(it, row | timings | memory(), models, slots, t_start)
             if run.writer:
                 print(summary(it, row | timings), flush=True)

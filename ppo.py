@@ -1,7 +1,7 @@
 """Eq. 5 (paper §3.4, "Optimization"): the PPO-clip update with the k3 KL estimate, shared by P and R.
 
-The token log-probs are computed in sequence chunks (the [B, L, V] logits never exist at once),
-under bf16 autocast where bf16 is native; the optimizer is AdamW with a constant learning rate.
+The token log-probs come from plumbing/logprobs.py (packed micro-batches, chunked vocabulary projection, under bf16
+autocast where bf16 is native); the optimizer is AdamW with a constant learning rate.
 Under torchrun each rank updates on its own samples; `dist.Lockstep` keeps the ranks in step (the
 loss is averaged over every rank's sequences, and ranks with fewer micro-batches run zero-weight
 ones). Without torchrun it changes nothing.
@@ -10,125 +10,30 @@ from __future__ import annotations
 
 import math
 import random
-from typing import NamedTuple
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
-from plumbing import dist, vision
-from plumbing.models import amp_context
+from plumbing import dist
+from plumbing.logprobs import Batch, LogProbs, collate, inputs, pack_order
 from records import Sample
-
-class Batch(NamedTuple):
-    """One right-padded micro-batch (`collate`)."""
-    ids: torch.Tensor          # [B, L] prompt + response tokens
-    attention: torch.Tensor    # [B, L] 1 on real tokens
-    mask: torch.Tensor         # [B, L-1] 1 where token t+1 is a response token (the trained tokens)
-    adv: torch.Tensor          # [B] each sequence's advantage
-    visions: list              # the rows' pixel inputs (Sample.vision), None for text
-    sampled: torch.Tensor      # [B, L-1] the sampler's log-prob of token t+1 (Sample.logprobs), 0 where unknown
-    sampled_mask: torch.Tensor  # [B, L-1] 1 on response tokens whose sampler log-prob is known
-
-
-def collate(samples: list[Sample], pad_id: int, device) -> Batch:
-    """Right-padded batch of samples, aligned so that position t predicts token t+1."""
-    seqs = [s.prompt_ids + s.response_ids for s in samples]
-    width = max(map(len, seqs))
-    input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)  # [B, L]
-    attention = torch.zeros((len(seqs), width), dtype=torch.long)         # [B, L]
-    mask = torch.zeros((len(seqs), width - 1))                            # [B, L-1]
-    sampled = torch.zeros((len(seqs), width - 1))                         # [B, L-1]
-    sampled_mask = torch.zeros((len(seqs), width - 1))                    # [B, L-1]
-    for b, (s, seq) in enumerate(zip(samples, seqs)):
-        input_ids[b, :len(seq)] = torch.tensor(seq)
-        attention[b, :len(seq)] = 1
-        response = slice(len(s.prompt_ids) - 1, len(seq) - 1)
-        mask[b, response] = 1
-        if s.logprobs is not None and len(s.logprobs) == len(s.response_ids):
-            sampled[b, response] = torch.tensor(s.logprobs)
-            sampled_mask[b, response] = 1
-    adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)  # [B]
-    return Batch(input_ids.to(device), attention.to(device), mask.to(device), adv.to(device),
-                 [s.vision for s in samples], sampled.to(device), sampled_mask.to(device))
-
-
-class LogProbs(torch.nn.Module):
-    """log π(x_{t+1} | x_{≤t}) for every position, as a module around a causal LM: [B, L-1].
-
-    The vocabulary projection runs in sequence chunks under activation checkpointing, so the full
-    [B, L, V] fp32 logits never sit in memory at once. A module, not a function, so that FSDP2 can
-    wrap it as the root: every forward then passes through the root's hooks (plumbing/dist.py's `shard`)."""
-
-    def __init__(self, model, chunk: int = 256):
-        super().__init__()
-        self.model, self.chunk = model, chunk
-
-    def forward(self, input_ids, attention, amp: bool = True, entropy_at=None, visions=None):
-        """[B, L-1] log-probs. With entropy_at, a [B, L-1] bool mask (the response tokens), also the
-        [B, L-1] entropy of π at those positions (0 elsewhere; no gradient), from the same chunked logits.
-        visions: the rows' screenshots (Completion.vision, or None), for a vision-language model (plumbing/vision.py)."""
-        images = vision.batch_inputs(self.model, input_ids, visions or [])
-        trunk = vision.backbone(self.model) if images else self.model.get_decoder()   # with the vision tower
-        with amp_context(amp):
-            hidden = trunk(input_ids=input_ids, attention_mask=attention, use_cache=False,
-                           **images).last_hidden_state  # no KV cache in training
-        hidden, targets = hidden[:, :-1], input_ids[:, 1:]  # [B, L-1, H], [B, L-1]
-        head = self.model.get_output_embeddings()
-
-        def chunk_logprobs(h, t, at=None):
-            with amp_context(amp):
-                logits = head(h)  # [B, c, V]
-            logp = torch.log_softmax(logits.float(), dim=-1)  # [B, c, V]
-            picked = logp.gather(-1, t.unsqueeze(-1)).squeeze(-1)  # [B, c]
-            if at is None:
-                return picked
-            with torch.no_grad():
-                ent = torch.zeros_like(picked)  # [B, c]
-                ent[at] = token_entropy(logp[at])  # [n] at the n masked positions only
-            return picked, ent
-
-        parts = []
-        for s in range(0, targets.shape[1], self.chunk):
-            args = (hidden[:, s:s + self.chunk], targets[:, s:s + self.chunk])
-            args += (entropy_at[:, s:s + self.chunk],) if entropy_at is not None else ()
-            parts.append(checkpoint(chunk_logprobs, *args, use_reentrant=False) if torch.is_grad_enabled()
-                         else chunk_logprobs(*args))
-        if entropy_at is not None:
-            return torch.cat([p for p, _ in parts], dim=1), torch.cat([e for _, e in parts], dim=1)  # [B, L-1] ×2
-        return torch.cat(parts, dim=1)  # [B, L-1]
-
-
-def token_entropy(logp):
-    """H(π) = −Σ_v π(v) log π(v) over the last axis, from log-probs: [..., V] → [...].
-
-        >>> round(token_entropy(torch.log(torch.tensor([0.5, 0.25, 0.25]))).item(), 4)   # 1.5 bits = 1.0397 nats
-        1.0397
-    """
-    return -(logp.exp() * logp).nan_to_num().sum(-1)   # 0·log 0 = 0 where π(v) = 0
-
-
-def token_logprobs(model, input_ids, attention, chunk: int = 256, amp: bool = True):
-    """`LogProbs` of a causal LM for one batch: [B, L-1]."""
-    return LogProbs(model, chunk)(input_ids, attention, amp)
-
 
 def token_loss(logp, logp_old, adv, clip_eps: float, log_ratio_clamp: float):
     """Eq. 5 per token: the PPO-clip term and the k3 KL estimate to π_old, with r = π_θ/π_old.
 
         pg = −min(r·A, clip(r, 1−ε, 1+ε)·A)        kl = π_old/π_θ − log(π_old/π_θ) − 1
     log r is clamped to ±log_ratio_clamp before exp, as in the released code (0: no clamp).
-    logp, logp_old: [b, L-1]; adv: [b]. Returns (pg, kl, r), each [b, L-1].
+    logp, logp_old: [n, R]; adv: [n]. Returns (pg, kl, r), each [n, R].
 
         >>> pg, kl, r = token_loss(torch.tensor([[0.0, -1.0]]), torch.tensor([[-1.0, -1.0]]), torch.tensor([2.0]),
         ...                        clip_eps=0.2, log_ratio_clamp=10.0)
         >>> pg.tolist(), round(kl[0, 0].item(), 4)          # r = e clipped to 1.2 → −1.2·2; kl = e^−1 + 1 − 1
         ([[-2.4000000953674316, -2.0]], 0.3679)
     """
-    log_ratio = logp - logp_old                                                       # [b, L-1] log r
+    log_ratio = logp - logp_old                                                       # [n, R] log r
     if log_ratio_clamp:
         log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
-    ratio = torch.exp(log_ratio)                                                      # [b, L-1]
-    a = adv[:, None]                                                                  # [b, 1]
+    ratio = torch.exp(log_ratio)                                                      # [n, R]
+    a = adv[:, None]                                                                  # [n, 1]
     pg = -torch.minimum(ratio * a, ratio.clamp(1 - clip_eps, 1 + clip_eps) * a)      # Eq. 5 clip
     kl = torch.exp(-log_ratio) + log_ratio - 1                                        # Eq. 5 k3 KL
     return pg, kl, ratio
@@ -145,13 +50,13 @@ def sampler_mismatch(logp, logp_sampler):
 
         k3 = e^Δ − 1 − Δ   (≥ 0, unbiased for the KL under the sampler's draws; verl's rollout/trainer mismatch)
     Both are 0 when the engine samples exactly the policy PPO trains (before the update). logp, logp_sampler:
-    [b, L-1]. Returns (|Δ|, k3), each [b, L-1].
+    [n, R]. Returns (|Δ|, k3), each [n, R].
 
         >>> abs_diff, k3 = sampler_mismatch(torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -2.0]]))
         >>> abs_diff.tolist(), round(k3[0, 0].item(), 4)     # Δ = 0.5: e^0.5 − 1.5 = 0.1487
         ([[0.5, 0.0]], 0.1487)
     """
-    delta = logp - logp_sampler                    # [b, L-1] log(π_trainer / π_sampler)
+    delta = logp - logp_sampler                    # [n, R] log(π_trainer / π_sampler)
     return delta.abs(), torch.expm1(delta) - delta
 
 
@@ -162,14 +67,15 @@ RELEASED = {"clip_eps": 0.2, "kl_beta": 0.01, "log_ratio_clamp": 10.0, "warmup_s
 
 def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: int, micro_batch: int, amp: bool,
                seed: int, clip_eps: float, kl_beta: float, log_ratio_clamp: float, warmup_steps: int,
-               target_kl: float, max_grad_norm: float = 1.0) -> dict:
+               target_kl: float, max_grad_norm: float = 1.0, pack: bool = True) -> dict:
     """Eq. 5: `steps` PPO-clip optimizer steps over this iteration's samples.
 
     Per token t of sample i, with r = π_θ/π_old and the k3 KL estimator to π_old, the policy that
     sampled the data (the weights before this update; no separate frozen reference model), as
     `token_loss` computes them:
         ℓ_t = −min(r·A_i, clip(r, 1−ε, 1+ε)·A_i) + β·(π_old/π_θ − log(π_old/π_θ) − 1)
-    The loss is the token-mean per sequence, then the mean over the mini-batch.
+    The loss is the token-mean per sequence, then the mean over the mini-batch. Micro-batches are packed: the
+    responses to one prompt share its forward pass (`collate`; pack=False gives every sample a padded row).
     "Old" log-probs are recomputed here by the trained model, never taken from the sampler; where the samples
     carry the sampler's log-probs, the two are compared (`sampler_mismatch`).
 
@@ -185,13 +91,15 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
     π, whatever `steps` is; step_scale, the α kept (1 without a line search); sampler_abs_diff and sampler_kl,
     the mean |log π_old − log π_sampler| and k3 KL(π_sampler ‖ π_old) over every trained token whose sampler
     log-prob is known (0 when the engine samples the trained policy; a bf16 sampler, stale weights or an engine
-    bug show here).
+    bug show here); tokens_forward and tokens_backward, this rank's real tokens through forward and backward
+    passes (the work behind the stage's time: scripts/bench.py).
     """
     lp = model if isinstance(model, LogProbs) else LogProbs(model)
     device = next(lp.parameters()).device
-    samples = sorted(samples, key=lambda s: len(s.prompt_ids) + len(s.response_ids))  # similar lengths: less padding
+    samples = pack_order(samples)   # a prompt's responses together: they share its forward pass (`collate`)
     micro = [samples[i:i + micro_batch] for i in range(0, len(samples), micro_batch)]
-    ranks = dist.Lockstep(micro, lambda batch: collate(batch, pad_id, device), blank=[Sample([pad_id], [pad_id], 0.0)])
+    ranks = dist.Lockstep(micro, lambda batch: collate(batch, pad_id, device, pack),
+                          blank=[Sample([pad_id], [pad_id], 0.0)])
     if not ranks.sum(len(samples)):
         return {}
     order = list(range(len(micro)))
@@ -200,15 +108,17 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
     stats = {"loss": [], "clipfrac": [], "kl": [], "entropy": [], "grad_norm": []}
     drift = torch.zeros(3)   # Σ |Δ|, Σ k3, tokens: the sampler against π_old (`sampler_mismatch`)
 
+    work = {"tokens_forward": 0, "tokens_backward": 0}   # real tokens through forward / backward passes (bench.py)
+
     def record(name, values, mask):
         stats[name].append(((values * mask).sum() / mask.sum().clamp(min=1)).item())
 
     def set_old(k, b: Batch, logp, ent):
         """π_old of micro-batch k, its entropy, and how far the sampler that drew its tokens was from it."""
-        old[k] = logp.detach()                                                        # [b, L-1]
+        old[k] = logp.detach()                                                        # [n, R]
         if k is not None:
             record("entropy", ent, b.mask)
-            abs_diff, k3 = sampler_mismatch(old[k], b.sampled)                        # [b, L-1] each
+            abs_diff, k3 = sampler_mismatch(old[k], b.sampled)                        # [n, R] each
             drift.add_(torch.stack([(abs_diff * b.sampled_mask).sum(), (k3 * b.sampled_mask).sum(),
                                     b.sampled_mask.sum()]).cpu())
 
@@ -218,7 +128,8 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
     old = {}   # π_old per micro-batch: a no-grad pass for those that train after the first optimizer step; the
     with torch.no_grad():   # first mini-batch's own forward pass gives its π_old (π_old = π_θ there: one pass saved)
         for k, b in ranks.batches([k for group in per_step[1:] for k in group]):
-            set_old(k, b, *lp(b.ids, b.attention, amp=amp, entropy_at=b.mask.bool(), visions=b.visions))
+            set_old(k, b, *lp(**inputs(b), amp=amp, entropy_at=b.mask.bool()))
+            work["tokens_forward"] += b.tokens
     for group in per_step:
         n_seq = ranks.sequences(group)
         if not n_seq:
@@ -226,13 +137,15 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
         optimizer.zero_grad(set_to_none=True)
         for k, b in ranks.batches(group):
             if k not in old:   # on-policy
-                logp, ent = lp(b.ids, b.attention, amp=amp, entropy_at=b.mask.bool(), visions=b.visions)
+                logp, ent = lp(**inputs(b), amp=amp, entropy_at=b.mask.bool())
                 set_old(k, b, logp, ent)
             else:
-                logp = lp(b.ids, b.attention, amp=amp, visions=b.visions)                # [b, L-1]
-            pg, kl, ratio = token_loss(logp, old[k], b.adv, clip_eps, log_ratio_clamp)  # [b, L-1] each
-            per_seq = ((pg + kl_beta * kl) * b.mask).sum(-1) / b.mask.sum(-1).clamp(min=1)  # [b] token-mean
+                logp = lp(**inputs(b), amp=amp)                         # [n, R]
+            pg, kl, ratio = token_loss(logp, old[k], b.adv, clip_eps, log_ratio_clamp)  # [n, R] each
+            per_seq = ((pg + kl_beta * kl) * b.mask).sum(-1) / b.mask.sum(-1).clamp(min=1)  # [n] token-mean
             ranks.backward(per_seq, k, n_seq)                                         # mean over the mini-batch
+            work["tokens_forward"] += b.tokens
+            work["tokens_backward"] += b.tokens
             if k is None:
                 continue
             with torch.no_grad():
@@ -250,7 +163,8 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
         kl_sum = clip_sum = tokens = 0.0
         ranks.reshard(lp)        # the line search moves the shards in place: gather them afresh
         for k, b in ranks.batches([k for group in per_step for k in group]):
-            logp = lp(b.ids, b.attention, amp=amp, visions=b.visions)                 # [b, L-1]
+            logp = lp(**inputs(b), amp=amp)                          # [n, R]
+            work["tokens_forward"] += b.tokens
             if k is not None:
                 _, kl, ratio = token_loss(logp, old[k], b.adv, clip_eps, log_ratio_clamp)
                 kl_sum += (kl * b.mask).sum().item()
@@ -268,7 +182,7 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
             [ranks.sum(drift[1].item()) / known]
     lp.eval()
     return {k: sum(v) / len(v) for k, v in stats.items() if v} | {"samples": len(samples),
-                                                                   "steps": len(stats["grad_norm"])}
+                                                                   "steps": len(stats["grad_norm"])} | work
 
 
 @torch.no_grad()

@@ -154,6 +154,7 @@ class HFEngine:
     def __init__(self, model, tokenizer, batch_size: int = 32, amp: bool = True, max_prompt_tokens: int = 3072):
         self.model, self.tokenizer = model, tokenizer
         self.batch_size, self.amp, self.max_prompt_tokens = batch_size, amp, max_prompt_tokens
+        self.tokens = {"prompt": 0, "generated": 0}   # processed so far: the work behind `count_tokens`
 
     def sync(self) -> None:
         pass
@@ -190,6 +191,7 @@ class HFEngine:
                 out[i][j] = Completion(tok.decode(resp, skip_special_tokens=True), encoded[i], resp,
                                        "stop" if stopped else "length", visions[i], lp)
         model.train(was_training)
+        count_tokens(self, out)
         return out  # type: ignore[return-value]
 
 
@@ -309,10 +311,14 @@ class _VLLMServer:
         self.holder = None          # the engine whose weights are loaded now
         self.sync_seconds = 0.0     # total time spent copying weights in, for the loop's timings
 
+    def to_engine(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A trainer tensor in the engine's dtype (round to nearest; scripts/sampler_check.py tries other roundings)."""
+        return tensor.to(self.llm.llm_engine.model_config.dtype)
+
     def load(self, engine) -> None:
         t0 = time.perf_counter()
         with torch.no_grad(), merged(engine.model):
-            weights = [(k, v.to(self.llm.llm_engine.model_config.dtype)) for k, v in export_weights(engine.model).items()]
+            weights = [(k, self.to_engine(v)) for k, v in export_weights(engine.model).items()]
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
         self.holder = engine
@@ -357,6 +363,7 @@ class VLLMEngine:
     def __init__(self, server: _VLLMServer, model, tokenizer, max_prompt_tokens: int):
         self.server, self.model, self.tokenizer = server, model, tokenizer
         self.max_prompt_tokens = max_prompt_tokens
+        self.tokens = {"prompt": 0, "generated": 0}
 
     def sync(self) -> None:
         self.server.load(self)
@@ -385,23 +392,25 @@ class VLLMEngine:
                                         params, use_tqdm=desc is not None)
         if any(v and list(o.prompt_token_ids) != ids for o, ids, v in zip(outs, encoded, visions)):
             raise ModelError("vLLM expanded an image to other tokens than the trainer's image processor did")
-        return [[Completion(tok.decode(c.token_ids, skip_special_tokens=True), ids, list(c.token_ids),
-                            "stop" if c.finish_reason == "stop" else "length", v,
-                            [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)]) for c in o.outputs]
-                for o, ids, v in zip(outs, encoded, visions)]
+        return count_tokens(self, [[Completion(tok.decode(c.token_ids, skip_special_tokens=True), ids, list(c.token_ids),
+                                               "stop" if c.finish_reason == "stop" else "length", v,
+                                               [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)])
+                                    for c in o.outputs] for o, ids, v in zip(outs, encoded, visions)])
 
 
 ENGINES = ("auto", "hf", "vllm")
 
 
 def make_engines(kind: str, models: dict, *, batch_size: int = 32, amp: bool = True, max_prompt_tokens: int = 3072,
-                 max_model_len: int = 4096, seed: int = 0, gpu_memory_utilization: float = 0.3) -> dict:
+                 max_model_len: int = 4096, seed: int = 0, gpu_memory_utilization: float = 0.3,
+                 dtype: str = "") -> dict:
     """name → engine for every (model, tokenizer) in `models`; kind "auto" picks vLLM when `vllm_usable()`.
 
     An engine is anything with `generate(prompts, n=, temperature=, top_p=, max_new_tokens=, desc=)
     -> list[list[Completion]]`, `.tokenizer`, and `sync()` (push the trainer's current weights into
     the engine after an update). vLLM engines of models with the same architecture share one
-    `vllm.LLM` (one start-up, one KV cache), which swaps weights in memory between them."""
+    `vllm.LLM` (one start-up, one KV cache), which swaps weights in memory between them. dtype: vLLM's weights and
+    activations ("" : bfloat16 with amp, else float32)."""
     if kind not in ENGINES:
         raise ModelError(f"engine {kind!r} is unknown (choose from {', '.join(ENGINES)})")
     use_vllm = kind != "hf" and vllm_usable()
@@ -422,10 +431,26 @@ def make_engines(kind: str, models: dict, *, batch_size: int = 32, amp: bool = T
         arch = json.dumps({k: v for k, v in m.config.to_dict().items()
                            if not k.startswith("_") and k not in ("transformers_version", "dtype")}, sort_keys=True)
         if arch not in servers:
-            servers[arch] = _VLLMServer(m.config, t, dtype="bfloat16" if amp else "float32", max_model_len=max_model_len,
-                                        seed=seed, gpu_memory_utilization=gpu_memory_utilization)
+            servers[arch] = _VLLMServer(m.config, t, dtype=dtype or ("bfloat16" if amp else "float32"),
+                                        max_model_len=max_model_len, seed=seed,
+                                        gpu_memory_utilization=gpu_memory_utilization)
         engines[k] = VLLMEngine(servers[arch], m, t, max_prompt_tokens)
     return engines
+
+
+def count_tokens(engine, outs: list[list[Completion]]) -> list[list[Completion]]:
+    """Add a generate call's work to engine.tokens: every completion's prompt (a prompt sampled n times counts n
+    times: the work without a prefix cache) and its generated tokens. Returns `outs`."""
+    engine.tokens["prompt"] += sum(len(c.prompt_ids) for cs in outs for c in cs)
+    engine.tokens["generated"] += sum(len(c.ids) for cs in outs for c in cs)
+    return outs
+
+
+def engine_tokens(engines: dict) -> dict:
+    """name → {"prompt", "generated"}: the tokens each engine has processed so far (`count_tokens`), for the
+    engines that count them (an engine of your own need not)."""
+    counts = {k: getattr(getattr(e, "engine", e), "tokens", None) for k, e in engines.items()}
+    return {k: dict(c) for k, c in counts.items() if c is not None}
 
 
 def sync_seconds(engines: dict) -> float:

@@ -262,6 +262,34 @@ def _cpuinfo() -> str:
         return ""
 
 
+@torch.no_grad()
+def dither_off_bf16(model, seed: int) -> float:
+    """Move every fp32 master weight to a random point of its bf16 rounding cell, once at load: w ← w + u·ulp(w),
+    u ~ U(−½, ½), ulp(w) the bf16 spacing at w. A weight that sits exactly on a bf16 value or halfway between two
+    (a checkpoint quantized to a coarse grid has many: the embedded GGUF's) flips its bf16 rounding under any
+    update, however small, by a whole ulp in the update's direction; a dithered weight flips with probability
+    |δ|/ulp, so the bf16 copy an engine samples from moves by δ on average, as the fp32 weights do
+    (docs/NOTES.md, "A bf16 sampler amplifies small updates"). The change is within bf16's own rounding error.
+    Returns the share of weights that sat on a tie before.
+
+        >>> w = torch.nn.Linear(1, 2, bias=False); w.weight.data = torch.tensor([[1.0], [1 + 2 ** -8]])
+        >>> dither_off_bf16(w, 0), (w.weight - torch.tensor([[1.0], [1 + 2 ** -8]])).abs().max().item() <= 2 ** -8
+        (0.5, True)
+    """
+    g = torch.Generator().manual_seed(seed)
+    ties = total = 0
+    for p in model.parameters():
+        if not p.is_floating_point() or p.dtype != torch.float32:
+            continue
+        ulp = torch.ldexp(torch.ones_like(p), torch.frexp(p).exponent - 8)   # bf16: 8 significant bits
+        down = p.to(torch.bfloat16).float()
+        ties += int(((p - down).abs() * 2 == ulp).sum())
+        total += p.numel()
+        u = torch.rand(p.shape, generator=g, dtype=torch.float32).to(p.device) - 0.5
+        p.add_(torch.where(p != 0, u * ulp, 0.0))
+    return ties / max(total, 1)
+
+
 def bf16_fast() -> bool:
     """bf16 runs natively here: a GPU with bf16, or a CPU with AVX512-BF16 or AMX (elsewhere
     torch emulates it on CPU, slower than fp32)."""

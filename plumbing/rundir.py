@@ -21,7 +21,7 @@ import environment as env
 import tasks
 from plumbing.config import Config, ConfigError
 from plumbing.models import machine, save
-from ppo import LogProbs
+from plumbing.logprobs import LogProbs
 from records import stage
 
 class Run:

@@ -12,7 +12,7 @@ embeddings. What that means for each part of the loop:
   and their patch grid (`Completion.vision`), so Eq. 5 later scores the same tokens with the same pixels;
   the transformers engine decodes with `model.generate` (multimodal RoPE needs its positions), and no
   sampler emits a vision marker (`reserved_ids`);
-- training: `ppo.LogProbs` runs the multimodal trunk (`backbone`) with the pixel inputs; the vision tower
+- training: `plumbing.logprobs.LogProbs` runs the multimodal trunk (`backbone`) with the pixel inputs; the vision tower
   is frozen unless --train-vision (`freeze_tower`);
 - the tokenizer carries the image processor (`tokenizer.image_processor`), so everything that passes a
   tokenizer around passes both, and a checkpoint saves both.

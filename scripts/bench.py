@@ -12,7 +12,8 @@ and prints one JSON line; this script collects them and prints the tables. Parts
   train     one PPO step on 8 × 512 tokens: the textbook fp32 full-logits baseline vs this
             project's update (bf16 autocast, chunked log-probs), + grad checkpointing, + LoRA,
             and next to a live vLLM engine (as in the loop); weight sync seconds
-  loop      full iterations of `loop.py --task <task>` per engine: seconds per stage
+  loop      full iterations of `loop.py --task <task>` per engine: seconds per stage, each beside its FLOP
+            floor (the stage's tokens × FLOPs per token ÷ the measured matmul peak) and its share of it
   gui       the osworld task's browsers (MiniWoB++ in headless Chromium): start, reset, page
             switch, one step alone and 8 browsers stepping at once, memory per browser
   vlm       the vision-language path on the tiny random Qwen3-VL (tiny-vlm; the transformers engine, which
@@ -91,7 +92,7 @@ def m_ceiling(args) -> None:
 
 def coding_adapter():
     from tasks.livebench import Adapter
-    return Adapter(argparse.Namespace(data="", humaneval_limit=0, seed=0, sandbox_timeout=5.0))
+    return Adapter(argparse.Namespace(data="", humaneval_limit=0, seed=0, sandbox_timeout=5.0, coding_task="completion"))
 
 
 def policy_prompts(adapter, tokenizer, tasks) -> list[str]:
@@ -129,8 +130,11 @@ def baseline_step(model, optimizer, samples, pad_id):
     """The textbook PPO step a first implementation writes: fp32, one batch, full [B, L, V] logits."""
     import torch
 
-    import ppo
-    ids, att, mask, adv, _ = ppo._collate(samples, pad_id, "cpu")
+    ids = torch.tensor([s.prompt_ids + s.response_ids for s in samples])      # [B, L]: equal lengths, no padding
+    att = torch.ones_like(ids)                                                 # [B, L]
+    mask = torch.zeros(ids.shape[0], ids.shape[1] - 1)                        # [B, L-1]
+    mask[:, len(samples[0].prompt_ids) - 1:] = 1
+    adv = torch.tensor([s.advantage for s in samples])                         # [B]
     with torch.no_grad():
         old = torch.log_softmax(model(input_ids=ids, attention_mask=att).logits[:, :-1], -1)
         old = old.gather(-1, ids[:, 1:, None]).squeeze(-1)
@@ -170,12 +174,12 @@ def m_train(args) -> None:
 
 def m_dist(args) -> None:
     """Under torchrun: the 8 samples split over the ranks, FSDP2 on each rank's share (one rank: no sharding)."""
-    from plumbing import dist, models
+    from plumbing import dist, logprobs, models
     import ppo
     rank, world = dist.init()
     model, tok = models.load(args.model)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    lp = dist.shard(ppo.LogProbs(model), model.get_decoder().layers) if world > 1 else model
+    lp = dist.shard(logprobs.LogProbs(model), model.get_decoder().layers) if world > 1 else model
     optimizer = ppo.make_optimizer(lp, 1e-6)
     mine = dist.shard_tasks(random_samples(len(tok)))
     step = lambda: ppo.ppo_update(lp, optimizer, mine, tok.pad_token_id, steps=1, micro_batch=4,  # noqa: E731
@@ -189,6 +193,9 @@ def m_dist(args) -> None:
 
 
 def m_loop(args) -> None:
+    """`--repeats` default iterations of the task (no eval): the median seconds of each stage, and the median work
+    behind it: the tokens each engine sampled (tokens/*) and the tokens through P's and R's forward and backward
+    passes (losses/*_tokens_*), with the run's precision settings."""
     with tempfile.TemporaryDirectory() as runs:
         cmd = [sys.executable, "loop.py", "--task", args.task, "--model", args.model, "--engine", args.engine,
                "--iterations", str(args.repeats), "--eval-every", "-1", "--runs-dir", runs, "--name", "bench"]
@@ -196,9 +203,29 @@ def m_loop(args) -> None:
         subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
         total = time.perf_counter() - t0
         rows = [json.loads(x) for x in (Path(runs) / "bench" / "metrics.jsonl").read_text().splitlines()][1:]
-    stages = sorted({k for r in rows for k in r if k.startswith("time/")})
-    emit(part="loop", task=args.task, engine=args.engine, wall_s=total,
-         **{k.removeprefix("time/"): statistics.median(r.get(k, 0.0) for r in rows) for k in stages})
+        cfg = json.loads((Path(runs) / "bench" / "config.json").read_text())
+    keys = sorted({k for r in rows for k in r if k.startswith(("time/", "tokens/")) or k.endswith("_tokens_forward")
+                   or k.endswith("_tokens_backward")})
+    emit(part="loop", task=args.task, engine=args.engine, wall_s=total, amp=cfg["amp"], train_amp=cfg["train_amp"],
+         grad_checkpointing=cfg["grad_checkpointing"], **{k: statistics.median(r.get(k, 0.0) for r in rows) for k in keys})
+
+
+def floors(r: dict, gflop_per_token: float, gflops: dict) -> dict:
+    """stage → its FLOP floor in seconds: the work of one iteration's stage at the machine's matmul peak.
+    Sampling: every prompt and generated token once through the model (2·N FLOPs each; a prefix cache can do
+    less). Training: 2·N per token forward, 4·N per token backward, plus 2·N for the forward that gradient
+    checkpointing repeats. gflops: dtype → measured peak GFLOP/s (`m_ceiling`, the 2048² matmul)."""
+    sample_peak = gflops["bfloat16" if r["amp"] else "float32"]
+    train_peak = gflops["bfloat16" if r["amp"] and r["train_amp"] else "float32"]
+    backward = 2 + (1 if r["grad_checkpointing"] else 0)   # in forward passes' worth of FLOPs
+    out = {}
+    for stage, engine in (("rollout", "policy"), ("judge", "reward_model")):
+        n = r.get(f"tokens/{engine}_prompt", 0) + r.get(f"tokens/{engine}_generated", 0)
+        out[stage] = n * gflop_per_token / sample_peak
+    for stage, model in (("train_policy", "policy"), ("train_rm", "rm")):
+        n = r.get(f"losses/{model}_tokens_forward", 0) + backward * r.get(f"losses/{model}_tokens_backward", 0)
+        out[stage] = n * gflop_per_token / train_peak
+    return out | {"iteration": sum(out.values())}
 
 
 def grpo_prompts(tokenizer, tasks_n: int = 4):
@@ -408,8 +435,10 @@ def main() -> None:
     py, ceiling = sys.executable, {}
     print(f"# bench.py: model {args.model}, medians over {args.repeats} runs, {os.cpu_count()} CPUs, "
           f"{time.strftime('%Y-%m-%d')}")
-    if "ceiling" in parts or "sampling" in parts:
+    if "ceiling" in parts or "sampling" in parts or "loop" in parts:
         rows = run(py, "ceiling", args)
+        peaks = {r["dtype"]: r["gflops"] for r in rows if r["shape"] == "2048x2048"}
+        gflop_per_token = rows[0]["gflop_per_token"]
         ceiling = {(r["dtype"], r["shape"]): r["tok_s"] for r in rows}
         table("Machine limit (2·N FLOPs per token)", ["dtype", "matmul shape", "GFLOP/s", "GFLOP/token", "ceiling tok/s"],
               [[r["dtype"], r["shape"], r["gflops"], r["gflop_per_token"], r["tok_s"]] for r in rows])
@@ -432,10 +461,15 @@ def main() -> None:
                 r["peak_rss_gib"], r.get("sync_s", "-")] for r in rows])
     if "loop" in parts:
         rows = [r for t in args.tasks.split(",") for e in kinds for r in run(py, "loop", args, task=t, engine=e)]
-        stages = sorted({k for r in rows for k in r} - {"part", "task", "engine", "wall_s"})
-        table(f"One loop iteration (median of {args.repeats}), seconds per stage; sandbox and sync are "
-              "shares of rollout/judge", ["task", "engine", *stages],
-              [[r["task"], r["engine"], *[r.get(s, 0.0) for s in stages]] for r in rows])
+        for r in rows:
+            floor = floors(r, gflop_per_token, peaks)
+            stages = sorted(k.removeprefix("time/") for k in r if k.startswith("time/"))
+            table(f"One default `{r['task']}` iteration, {r['engine']} engine (median of {args.repeats}; sampling in "
+                  f"{'bf16' if r['amp'] else 'fp32'}, training in {'bf16' if r['amp'] and r['train_amp'] else 'fp32'}"
+                  f"); sandbox and sync are shares of the stages around them",
+                  ["stage", "seconds", "FLOP floor s", "floor / seconds"],
+                  [[s, r[f"time/{s}"], floor.get(s, "-"), floor[s] / r[f"time/{s}"] if s in floor and r[f"time/{s}"]
+                    else "-"] for s in stages])
     if "gui" in parts:
         rows = run(py, "gui", args)
         table("GUI backend: MiniWoB++ in headless Chromium (medians; a step = one DOM action + the observation)",

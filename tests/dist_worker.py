@@ -13,7 +13,8 @@ sys.path.insert(0, str(ROOT))
 
 from plumbing import dist  # noqa: E402
 from plumbing.models import load  # noqa: E402
-from ppo import RELEASED, LogProbs, make_optimizer, ppo_update  # noqa: E402
+from plumbing.logprobs import LogProbs  # noqa: E402
+from ppo import RELEASED, make_optimizer, ppo_update  # noqa: E402
 from records import Sample  # noqa: E402
 
 PROMPTS = ["the cat", "print(", "x = 2"]

@@ -13,7 +13,8 @@ import dist_worker as w
 from plumbing.engines import HFEngine, vllm_usable
 from tasks.gui import kill_tree
 from plumbing.models import load
-from ppo import LogProbs, make_optimizer
+from plumbing.logprobs import LogProbs
+from ppo import make_optimizer
 
 ROOT = Path(__file__).resolve().parent.parent
 

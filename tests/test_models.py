@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from plumbing import engines, models
+from plumbing import engines, logprobs, models
 import ppo
 import records
 from plumbing import rundir
@@ -82,7 +82,7 @@ def test_chunked_logprobs_match_full_logits(tiny):
     with torch.no_grad():
         full = torch.log_softmax(model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float(), -1)
         full = full.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-        ours = ppo.token_logprobs(model, input_ids, attention, chunk=7, amp=False)
+        ours = logprobs.token_logprobs(model, input_ids, attention, chunk=7, amp=False)
     mask = attention[:, 1:].bool()
     assert torch.allclose(ours[mask], full[mask], atol=1e-5)
 
@@ -97,7 +97,7 @@ def test_ppo_update_moves_logprob_in_the_advantage_direction(tiny):
     def token_lps(resp):
         ids = torch.tensor([prompt + resp])
         with torch.no_grad():
-            lp = ppo.token_logprobs(model, ids, torch.ones_like(ids), amp=False)
+            lp = logprobs.token_logprobs(model, ids, torch.ones_like(ids), amp=False)
         return lp[0, len(prompt) - 1:]   # [len(resp)]
 
     def seq_logprob(resp):
@@ -130,7 +130,7 @@ def test_entropy_of_the_trained_tokens_is_that_of_the_full_distribution(tiny):
     input_ids, attention = _prompt_batch(tok, ["hi", "a longer prompt here"])
     at = torch.rand(input_ids[:, 1:].shape, generator=torch.Generator().manual_seed(0)) < 0.5   # [B, L-1]
     with torch.no_grad():
-        logp, ent = ppo.LogProbs(model, chunk=5)(input_ids, attention, amp=False, entropy_at=at)   # [B, L-1] each
+        logp, ent = logprobs.LogProbs(model, chunk=5)(input_ids, attention, amp=False, entropy_at=at)   # [B, L-1] each
         full = torch.log_softmax(model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float(), -1)
     assert torch.allclose(ent, torch.where(at, -(full.exp() * full).sum(-1), 0.0), atol=1e-4)
     assert torch.allclose(logp, full.gather(-1, input_ids[:, 1:, None]).squeeze(-1), atol=1e-5)
@@ -139,7 +139,7 @@ def test_entropy_of_the_trained_tokens_is_that_of_the_full_distribution(tiny):
 def test_token_entropy_hand_values():
     """(0.5, 0.25, 0.25): 0.5·ln 2 + 2·0.25·ln 4 = 1.5·ln 2 = 1.0397 nats; uniform over 8: ln 8; one-hot: 0."""
     dists = torch.tensor([[0.5, 0.25, 0.25, 0, 0, 0, 0, 0], [1 / 8] * 8, [1.0] + [0.0] * 7])
-    assert ppo.token_entropy(torch.log(dists)).tolist() == pytest.approx([1.5 * 0.693147, 2.079442, 0.0], abs=1e-5)
+    assert logprobs.token_entropy(torch.log(dists)).tolist() == pytest.approx([1.5 * 0.693147, 2.079442, 0.0], abs=1e-5)
 
 
 def test_line_search_scales_the_update_back_into_its_trust_region_by_hand():
@@ -170,6 +170,54 @@ def test_ppo_update_with_a_target_kl_stays_inside_it(tiny):
     held = ppo.ppo_update(model, ppo.make_optimizer(model, 1e-2), samples, tok.pad_token_id, steps=2, micro_batch=2,
                           amp=False, seed=0, **{**ppo.RELEASED, "target_kl": 0.01})
     assert 0 < held["update_kl"] <= 0.01 and held["step_scale"] < 1.0
+
+
+def _shared_prompt_samples(tok):
+    """Two prompts with 3 and 2 responses of different lengths, and one prompt with a single response."""
+    prompts = [tok(engines.render_chat(tok, t), add_special_tokens=False)["input_ids"] for t in ("q", "a longer one", "z")]
+    responses = [tok(t, add_special_tokens=False)["input_ids"] for t in ("good", "bad answer!", "ok", "fine then", "x y")]
+    g = torch.Generator().manual_seed(0)
+    pairs = [(0, 0), (0, 1), (0, 2), (1, 3), (1, 4), (2, 1)]
+    return [records.Sample(prompts[p], responses[r], float(torch.randn(1, generator=g)),
+                           logprobs=[-1.0] * len(responses[r])) for p, r in pairs]
+
+
+def test_packed_rows_give_each_response_its_own_log_probs(tiny):
+    """A packed micro-batch (the responses to one prompt in one row, each seeing the prompt and itself only) gives
+    the same log-probs and entropies as one padded row per sample, and needs fewer rows."""
+    model, tok = tiny
+    samples = _shared_prompt_samples(tok)
+    lp = logprobs.LogProbs(model, chunk=3)
+    packed, plain = (logprobs.collate(samples, tok.pad_token_id, "cpu", pack=p) for p in (True, False))
+    assert packed.ids.shape[0] == 3 and plain.ids.shape[0] == 6
+    assert packed.ids.numel() < plain.ids.numel()
+    assert torch.equal(packed.mask, plain.mask) and torch.equal(packed.sampled_mask, plain.sampled_mask)
+    with torch.no_grad():
+        a, ent_a = lp(**logprobs.inputs(packed), amp=False, entropy_at=packed.mask.bool())   # [n, R] each
+        b, ent_b = lp(**logprobs.inputs(plain), amp=False, entropy_at=plain.mask.bool())
+        whole = [logprobs.token_logprobs(model, torch.tensor([s.prompt_ids + s.response_ids]),
+                                    torch.ones(1, len(s.prompt_ids) + len(s.response_ids), dtype=torch.long),
+                                    amp=False)[0, len(s.prompt_ids) - 1:] for s in samples]   # each sample alone
+    m = packed.mask.bool()
+    assert torch.allclose(a[m], b[m], atol=1e-5) and torch.allclose(ent_a[m], ent_b[m], atol=1e-4)
+    for i, w in enumerate(whole):
+        assert torch.allclose(a[i, :len(w)], w, atol=1e-5)
+
+
+def test_packed_update_equals_the_padded_update():
+    """Eq. 5 on packed micro-batches moves the weights as on padded ones (fp32), with the same diagnostics."""
+    results = []
+    for pack in (True, False):
+        model, tok = models.load("tiny", seed=0)
+        stats = ppo.ppo_update(model, ppo.make_optimizer(model, 1e-3), _shared_prompt_samples(tok), tok.pad_token_id,
+                               steps=2, micro_batch=3, amp=False, seed=0, pack=pack, **ppo.RELEASED)
+        results.append((stats, {k: v.detach().clone() for k, v in model.state_dict().items()}))
+    (s1, w1), (s2, w2) = results
+    for k in ("loss", "kl", "clipfrac", "entropy", "update_kl", "grad_norm", "sampler_abs_diff"):
+        assert s1[k] == pytest.approx(s2[k], rel=1e-4, abs=1e-7), k
+    assert s1["update_kl"] > 0
+    for k in w1:
+        torch.testing.assert_close(w1[k], w2[k], atol=2e-6, rtol=0)
 
 
 def test_sampler_mismatch_hand_values():

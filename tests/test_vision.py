@@ -17,7 +17,7 @@ import torch
 import loop
 import ppo
 from loop_cli import two_iterations
-from plumbing import models, vision
+from plumbing import logprobs, models, vision
 from plumbing.config import ConfigError, check_distributed
 from plumbing.engines import HFEngine, make_engines, render_chat, vllm_usable
 from records import Sample
@@ -36,10 +36,10 @@ def vlm():
 
 
 def teacher_forced(model, completion):
-    """[response tokens] the trainer's log-probs (ppo.LogProbs) of the completion's response, and its argmax."""
+    """[response tokens] the trainer's log-probs (logprobs.LogProbs) of the completion's response, and its argmax."""
     ids = torch.tensor([completion.prompt_ids + completion.ids])                         # [1, L]
     with torch.no_grad():
-        logp = ppo.LogProbs(model)(ids, torch.ones_like(ids), amp=False, visions=[completion.vision])[0]  # [L-1]
+        logp = logprobs.LogProbs(model)(ids, torch.ones_like(ids), amp=False, visions=[completion.vision])[0]  # [L-1]
         hidden = vision.backbone(model)(input_ids=ids, attention_mask=torch.ones_like(ids),
                                         **vision.batch_inputs(model, ids, [completion.vision])).last_hidden_state
     start = len(completion.prompt_ids) - 1
