@@ -40,7 +40,7 @@ import reward_model
 import tasks
 from plumbing.config import ABLATIONS, Config, ConfigError, check_distributed, describe, parse_args
 from plumbing.engines import engine_tokens, make_engines, sync_seconds
-from plumbing.models import ModelError, Trained, add_lora, load, seed_everything
+from plumbing.models import ModelError, Trained, add_lora, dither_off_bf16, load, seed_everything
 from plumbing.vision import freeze_tower
 from plumbing.logprobs import LogProbs
 from ppo import make_optimizer, ppo_update
@@ -235,6 +235,8 @@ def build_models(cfg: Config, use_rm: bool, policy_init: str, rm_init: str, env_
     for name, init, lr, wanted in (("policy", policy_init, cfg.lr, True), ("reward_model", rm_init, cfg.rm_lr, use_rm)):
         if wanted:
             model, tok = load(init, cfg.seed)
+            if cfg.amp and cfg.dither and not (cfg.resume or cfg.eval_only):   # a fresh run with a bf16 sampler
+                dither_off_bf16(model, cfg.seed)
             if cfg.lora_rank and not hasattr(model, "peft_config"):  # a resumed LoRA checkpoint has them already
                 model = add_lora(model, cfg.lora_rank)
             freeze_tower(model, train=cfg.train_vision)   # a vision-language model's vision tower; else nothing

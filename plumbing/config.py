@@ -116,6 +116,10 @@ class Config:
     train_amp: bool = opt(True, "with --amp, bf16 autocast in P's and R's updates too; --no-train-amp computes their "
                           "log-probs and updates in fp32 (sampling stays bf16): a bf16 forward of slightly changed "
                           "weights moves log-probs by ~0.1, which PPO's ratio and clip read as a step (docs/NOTES.md)")
+    dither: bool = opt(True, "with --amp (a bf16 sampler): move P's and R's fp32 master weights to random points of "
+                       "their bf16 rounding cells once, at the start of a run, so that an update reaches the bf16 sampler "
+                       "as the trainer made it; without it a weight on a bf16 tie flips a whole bf16 step under any "
+                       "update (docs/NOTES.md)")
     lora_rank: int = opt(0, "LoRA rank for P and R via peft (0: full fine-tune); vLLM gets the merged weights")
     train_vision: bool = opt(False, "a vision-language P or R (osworld task): train its vision tower too (default: "
                              "frozen, only the language model trains)")

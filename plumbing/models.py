@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import random
 import shutil
@@ -264,29 +265,30 @@ def _cpuinfo() -> str:
 
 @torch.no_grad()
 def dither_off_bf16(model, seed: int) -> float:
-    """Move every fp32 master weight to a random point of its bf16 rounding cell, once at load: w ← w + u·ulp(w),
-    u ~ U(−½, ½), ulp(w) the bf16 spacing at w. A weight that sits exactly on a bf16 value or halfway between two
-    (a checkpoint quantized to a coarse grid has many: the embedded GGUF's) flips its bf16 rounding under any
-    update, however small, by a whole ulp in the update's direction; a dithered weight flips with probability
-    |δ|/ulp, so the bf16 copy an engine samples from moves by δ on average, as the fp32 weights do
-    (docs/NOTES.md, "A bf16 sampler amplifies small updates"). The change is within bf16's own rounding error.
-    Returns the share of weights that sat on a tie before.
+    """Move every fp32 master weight to a uniformly random point of its bf16 rounding cell, once at the start of a
+    run: the weights' bf16 copy (what a bf16 engine samples from) stays the same. A weight that sits exactly halfway
+    between two bf16 values (a checkpoint quantized to a coarse grid has many: 8 % of the embedded GGUF's) flips its
+    bf16 rounding under any update, however small, by a whole bf16 step in the update's direction; a dithered weight
+    flips with probability |δ| / (its cell's width), so the bf16 copy moves by δ on average, as the fp32 weights do
+    (docs/NOTES.md, "A bf16 sampler amplifies small updates"). Returns the share of weights that sat on a tie.
 
-        >>> w = torch.nn.Linear(1, 2, bias=False); w.weight.data = torch.tensor([[1.0], [1 + 2 ** -8]])
-        >>> dither_off_bf16(w, 0), (w.weight - torch.tensor([[1.0], [1 + 2 ** -8]])).abs().max().item() <= 2 ** -8
+        >>> w = torch.nn.Linear(1, 2, bias=False); w.weight.data = torch.tensor([[1.25], [1.25 + 2 ** -8]])
+        >>> dither_off_bf16(w, 0), torch.equal(w.weight.to(torch.bfloat16), torch.tensor([[1.25], [1.25]]).bfloat16())
         (0.5, True)
     """
     g = torch.Generator().manual_seed(seed)
     ties = total = 0
     for p in model.parameters():
-        if not p.is_floating_point() or p.dtype != torch.float32:
+        if p.dtype != torch.float32:
             continue
-        ulp = torch.ldexp(torch.ones_like(p), torch.frexp(p).exponent - 8)   # bf16: 8 significant bits
-        down = p.to(torch.bfloat16).float()
-        ties += int(((p - down).abs() * 2 == ulp).sum())
+        b = p.to(torch.bfloat16)
+        here = b.float()
+        low = (torch.nextafter(b, torch.full_like(b, -math.inf)).float() + here) / 2   # the cell's two boundaries:
+        high = (torch.nextafter(b, torch.full_like(b, math.inf)).float() + here) / 2   # the ties on either side
+        ties += int(((p == low) | (p == high)).sum())
         total += p.numel()
-        u = torch.rand(p.shape, generator=g, dtype=torch.float32).to(p.device) - 0.5
-        p.add_(torch.where(p != 0, u * ulp, 0.0))
+        u = torch.rand(p.shape, generator=g).to(p.device)
+        p.copy_((low + u * (high - low)).clamp(torch.nextafter(low, high), torch.nextafter(high, low)))
     return ties / max(total, 1)
 
 

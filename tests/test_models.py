@@ -272,6 +272,25 @@ def test_samples_without_sampler_logprobs_report_no_mismatch(tiny):
     assert "sampler_kl" not in stats and "sampler_abs_diff" not in stats
 
 
+def test_dither_takes_weights_off_the_bf16_ties_and_small_updates_reach_bf16_in_proportion():
+    """A weight halfway between two bf16 values flips a whole bf16 step under any update, in the update's direction.
+    After `dither_off_bf16` no weight sits on a tie, the bf16 copy is unchanged, and an update of δ = ulp/10 changes
+    the bf16 copy of about a tenth of the weights (the mean change is δ, as for the fp32 weights)."""
+    ulp = 2.0 ** -7                                                     # bf16 spacing in [1, 2)
+    w = torch.nn.Linear(4000, 1, bias=False)
+    k = torch.arange(4000)
+    w.weight.data = 1.25 + ulp * (k % 2) / 2 + ulp * (k % 4 == 3)       # half on a bf16 value, half on a tie
+    before = w.weight.detach().to(torch.bfloat16)
+    assert models.dither_off_bf16(w, seed=0) == 0.5
+    assert torch.equal(w.weight.detach().to(torch.bfloat16), before)     # the sampler's copy is the same
+    down = w.weight.detach().to(torch.bfloat16).float()
+    assert not ((w.weight - down).abs() * 2 == ulp).any()                # no tie left
+    flipped = ((w.weight + ulp / 10).to(torch.bfloat16).float() != down).float().mean().item()
+    assert 0.08 < flipped < 0.12
+    tie = torch.full((2000,), 1.25 + ulp / 2)                            # undithered: a tie flips under any update
+    assert ((tie + ulp / 1000).to(torch.bfloat16) != tie.to(torch.bfloat16)).all()
+
+
 def test_warm_up_scales_each_step_by_hand():
     """N = 4: the optimizer's steps 1, 2, 3, 4, 5 take lr · 1/4, 2/4, 3/4, 1, 1; N = 0 leaves lr alone."""
     w = torch.nn.Parameter(torch.zeros(1))
