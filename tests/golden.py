@@ -23,12 +23,13 @@ DATA = ROOT / "tests" / "data"
 ARGS = {
     "maze": ["--task", "maze", "--model", "tiny", "--engine", "hf", "--iterations", "2", "--tasks-per-iter", "3",
              "--group-size", "4", "--m", "2", "--max-turns", "4", "--eval-tasks", "3", "--eval-samples", "2",
-             "--eval-every", "2", "--lr", "1e-3", "--rm-lr", "1e-3"],
+             "--eval-every", "2", "--lr", "1e-3", "--rm-lr", "1e-3", "--no-dither"],
     "livebench": ["--task", "livebench", "--model", "tiny", "--engine", "hf", "--iterations", "2",
                   "--tasks-per-iter", "3", "--group-size", "4", "--m", "2", "--eval-every", "-1",
-                  "--sandbox-timeout", "3", "--lr", "1e-3", "--rm-lr", "1e-3"],
+                  "--sandbox-timeout", "3", "--lr", "1e-3", "--rm-lr", "1e-3", "--no-dither"],
 }
 VOLATILE = ("time/", "sys/")   # wall-clock and memory: not part of the behaviour
+# --no-dither: the same weights on every machine (with bf16, --dither would move them at the start of a run)
 
 
 def continuation(solution: str, prompt: str) -> str:
