@@ -110,6 +110,7 @@ def train(cfg: Config) -> Path:
             timings |= adapter.pop_timings() | {"time/sync": sync_seconds(engines) - synced} | \
                 {f"tokens/{name}_{kind}": n - counted[name][kind]   # processed this iteration (eval included)
                  for name, used in engine_tokens(engines).items() for kind, n in used.items()}
+            timings |= sandbox_row()
             run.finish(it, row | timings | memory(), models, slots, t_start)
             if run.writer:
                 print(summary(it, row | timings), flush=True)
@@ -170,8 +171,15 @@ def setup(cfg: Config, run: Run, use_rm: bool, adapt_env: bool):
             print(f"[loop] iteration 0 (before training) eval in {time.perf_counter() - t0:.0f}s")
             print_table({k.removeprefix("eval/"): v for k, v in results.items()})
             adapter.pop_timings()
+            results |= sandbox_row()
         run.finish(0, results, models, slots)
     return adapter, slots, models, engines, start
+
+
+def sandbox_row() -> dict:
+    """sandbox/*: the programs run since the last call and their timeouts (`sandbox.pop_stats`; coding only)."""
+    ran = sandbox.pop_stats()
+    return {f"sandbox/{k}": v for k, v in ran.items()} if ran["runs"] else {}
 
 
 def optimize(cfg: Config, trained: Trained, engine, samples, it: int, name: str) -> dict:

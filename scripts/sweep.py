@@ -36,7 +36,12 @@ CONFIGS = {
                            "0.01", "--no-train-amp"],
     "fp32-lr1e-6": ["--lr", "1e-6", "--rm-lr", "1e-6", "--fresh-optimizer", "--warmup-steps", "0", "--target-kl", "0",
                     "--no-train-amp"],
+    # coding (livebench): its optimizer, with and without a trust region for P and R
+    **{f"coding-kl{kl}": ["--lr", "1e-5", "--rm-lr", "1e-5", "--fresh-optimizer", "--warmup-steps", "0", "--target-kl",
+                          kl, "--rm-target-kl", "-1"] for kl in ("0", "0.05", "0.2")},
 }
+# setting → its two headline eval metrics on the validation split: P's, then R's
+HEADLINE = {"maze": ("success", "process_bacc"), "livebench": ("code", "detect")}
 # A collapse: the share of unparseable answers in the last third above COLLAPSE and RISE above the first third's.
 # The rise matters: the untrained maze policy already answers 65 % of its steps with no valid move number.
 COLLAPSE, RISE = 0.2, 0.1
@@ -66,7 +71,7 @@ def study(args, name: str):
                          *args.loop_flags])
 
 
-def row(name: str, cells: list[list[dict]]) -> str:
+def row(name: str, cells: list[list[dict]], task: str) -> str:
     """One configuration's line of the sweep table, from its cells' metrics rows."""
     def over_seeds(fn, spec=".3g"):
         vals = [fn(rows) for rows in cells]
@@ -88,11 +93,14 @@ def row(name: str, cells: list[list[dict]]) -> str:
 
     collapsed = [rows for rows in cells if rows[-1]["iteration"] > 3 and any(collapsed_in(rows, k) for k in
                                                                  ("train/policy_unparseable", "train/rm_unparseable"))]
-    cols = [over_seeds(lambda rows: float(rows[-1]["iteration"]), ".0f"), over_seeds(last("eval/validation/success"), ".1f"), over_seeds(last("eval/validation/success_gain"), "+.1f"),
-            over_seeds(last("eval/validation/process_bacc"), ".1f")]
+    p_key, r_key = HEADLINE[task]
+    cols = [over_seeds(lambda rows: float(rows[-1]["iteration"]), ".0f"), over_seeds(last(f"eval/validation/{p_key}"), ".1f"),
+            over_seeds(last(f"eval/validation/{p_key}_gain"), "+.1f"), over_seeds(last(f"eval/validation/{r_key}"), ".1f")]
     for who in ("policy", "rm"):
         cols += [over_seeds(trained(table1.median(f"losses/{who}_update_clipfrac"))),
-                 over_seeds(trained(table1.median(f"losses/{who}_update_kl")))]
+                 over_seeds(trained(table1.median(f"losses/{who}_update_kl"))),
+                 over_seeds(trained(lambda rows, k=f"losses/{who}_update_kl": max((r[k] for r in rows if k in r),
+                                                                                   default=float("nan"))))]
     for who in ("policy", "rm"):   # the unparseable share, first third → last third
         key = f"train/{who}_unparseable"
         cols.append(over_seeds(trained(lambda rows, k=key: table1.third(rows, k, False)), ".2f") + " → "
@@ -104,8 +112,12 @@ def row(name: str, cells: list[list[dict]]) -> str:
 
 def main(argv=None) -> int:
     args = parse(argv)
-    head = ["configuration", "flags", "iterations run", "validation success % (last eval)", "gain", "balanced Process Acc %", "P clip", "P KL",
-            "R clip", "R KL", "P unparseable, first → last third", "R unparseable, first → last third",
+    if args.task not in HEADLINE:
+        sys.exit(f"error: --task {args.task}: the sweep knows {', '.join(HEADLINE)}")
+    p_key, r_key = HEADLINE[args.task]
+    head = ["configuration", "flags", "iterations run", f"validation {p_key} % (last eval)", "gain", f"R {r_key} %",
+            "P clip", "P KL", "P KL max", "R clip", "R KL", "R KL max", "P unparseable, first → last third",
+            "R unparseable, first → last third",
             "R verdict mean, last third", "seeds collapsed"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in args.configs:
@@ -114,7 +126,7 @@ def main(argv=None) -> int:
             table1.run_study(s)
         runs = table1.load(s)
         if runs:
-            lines.append(row(name, [runs[k] for k in sorted(runs)]))
+            lines.append(row(name, [runs[k] for k in sorted(runs)], args.task))
     print("\n".join(lines))
     return 0
 

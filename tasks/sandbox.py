@@ -735,12 +735,35 @@ def _resolve(requested: str | None) -> str:
     return mode(requested)
 
 
+# What the runs of this process cost since the last `pop_stats`: how many, how many ran out of time and the
+# wall seconds those took, and the slowest run that passed (exit 0): how close a good program comes to the timeout.
+_STATS = {"runs": 0, "timeouts": 0, "timeout_seconds": 0.0, "slowest_ok_seconds": 0.0}
+
+
+def pop_stats() -> dict:
+    """The counts of `run_many`'s runs since the last call (logged by the loop as sandbox/*), then reset."""
+    stats = dict(_STATS)
+    _STATS.update(runs=0, timeouts=0, timeout_seconds=0.0, slowest_ok_seconds=0.0)
+    return stats
+
+
+def _count(results: list[RunResult]) -> list[RunResult]:
+    for r in results:
+        _STATS["runs"] += 1
+        if r.status == "timeout":
+            _STATS["timeouts"] += 1
+            _STATS["timeout_seconds"] += r.seconds
+        elif r.ok:
+            _STATS["slowest_ok_seconds"] = max(_STATS["slowest_ok_seconds"], r.seconds)
+    return results
+
+
 def run_many(jobs: list[tuple[str, str]], *, timeout: float = 5.0, mem_mb: int = 512,
              max_output: int = 1_000_000, workers: int | None = None,
              mode: str | None = None) -> list[RunResult]:
     """Run (code, stdin) jobs in parallel, `workers` at a time (default: the CPU count).
 
-    Results come back in job order. Each job is a `run_program` call.
+    Results come back in job order. Each job is a `run_program` call; `pop_stats` counts them.
     """
     if not jobs:
         return []
@@ -752,9 +775,9 @@ def run_many(jobs: list[tuple[str, str]], *, timeout: float = 5.0, mem_mb: int =
         return _run(code, stdin, timeout=timeout, mem_mb=mem_mb, max_output=max_output, mode_=m)
 
     if workers == 1:
-        return [one(j) for j in jobs]
+        return _count([one(j) for j in jobs])
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sandbox") as pool:
-        return list(pool.map(one, jobs))
+        return _count(list(pool.map(one, jobs)))
 
 
 # ----------------------------------------------------------------------------- report, leftovers
