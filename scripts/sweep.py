@@ -4,13 +4,15 @@ life and warm-up keep P's and R's PPO updates inside their trust region without 
     python scripts/sweep.py --task maze                       # every configuration below, seed 0, then the table
     python scripts/sweep.py --task maze --configs lr3e-6-warm6 --seeds 2
     python scripts/sweep.py --task maze --report-only         # the table from what has run
+    python scripts/sweep.py --task livebench --configs coding-kl0,coding-kl0.05,coding-kl0.2   # coding's trust region
 
 Every cell is a `scripts/table1.py` cell (one `loop.py` run, resumable) with `--validation`: it is evaluated on
 the setting's validation split only, never on the eval sets, so the choice made from this table leaves
 the eval sets untouched. Each configuration names all its optimizer flags, so a change of defaults does
-not change what a configuration means. The table gives, per configuration, validation success at the last
-eval (mean over seeds, per-seed values in brackets) and its paired gain over iteration 0, the medians of the
-update's clip fraction and KL for P and R (ppo.ppo_update's update_*), R's mean verdict in the last third,
+not change what a configuration means. The table gives, per configuration, P's validation accuracy at the last
+eval (maze: success, coding: Code; mean over seeds, per-seed values in brackets) and its paired gain over
+iteration 0, R's (maze: balanced Process Acc, coding: Detect), the medians and maxima of the update's KL and the
+medians of its clip fraction for P and R (ppo.ppo_update's update_*), R's mean verdict in the last third,
 and whether a seed collapsed: more than 20 % of P's or R's answers unparseable in the last third, and at
 least 10 points more than in the first third (the untrained maze policy's own share is about 65 %). A run
 of 3 iterations or fewer (stopped early) is not judged.
@@ -95,7 +97,8 @@ def row(name: str, cells: list[list[dict]], task: str) -> str:
                                                                  ("train/policy_unparseable", "train/rm_unparseable"))]
     p_key, r_key = HEADLINE[task]
     cols = [over_seeds(lambda rows: float(rows[-1]["iteration"]), ".0f"), over_seeds(last(f"eval/validation/{p_key}"), ".1f"),
-            over_seeds(last(f"eval/validation/{p_key}_gain"), "+.1f"), over_seeds(last(f"eval/validation/{r_key}"), ".1f")]
+            over_seeds(last(f"eval/validation/{p_key}_gain"), "+.1f"), over_seeds(last(f"eval/validation/{p_key}_gain_se"), ".1f"),
+            over_seeds(last(f"eval/validation/{r_key}"), ".1f")]
     for who in ("policy", "rm"):
         cols += [over_seeds(trained(table1.median(f"losses/{who}_update_clipfrac"))),
                  over_seeds(trained(table1.median(f"losses/{who}_update_kl"))),
@@ -115,7 +118,7 @@ def main(argv=None) -> int:
     if args.task not in HEADLINE:
         sys.exit(f"error: --task {args.task}: the sweep knows {', '.join(HEADLINE)}")
     p_key, r_key = HEADLINE[args.task]
-    head = ["configuration", "flags", "iterations run", f"validation {p_key} % (last eval)", "gain", f"R {r_key} %",
+    head = ["configuration", "flags", "iterations run", f"validation {p_key} % (last eval)", "gain", "gain SE", f"R {r_key} %",
             "P clip", "P KL", "P KL max", "R clip", "R KL", "R KL max", "P unparseable, first → last third",
             "R unparseable, first → last third",
             "R verdict mean, last third", "seeds collapsed"]

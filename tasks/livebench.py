@@ -47,11 +47,13 @@ from tasks.sandbox import RunResult, outputs_match, run_many
 # code: whole programs, --coding-task generation).
 # Accuracy filter: the paper's [1/8, 7/8] (released coding: [0.2, 0.8]); at a base rate of a few percent most groups
 # that have a success have exactly one, and the released filter drops them all.
+# Trust region: each P and R update is scaled back to a KL of at most 0.05 to the sampling policy, chosen on the
+# validation ladders (docs/SWEEP.md; without it P's updates reached KL 24.7). The released code has none.
 # Cost (docs/BENCHMARKS.md): an eval before and after training only (--eval-every 5 adds the curve, ~2 min an
 # eval), the ladders only (--humaneval-limit 10 adds HumanEval, 22 % of an eval), and no gradient checkpointing
 # (11.2 GiB peak for the whole run).
 DEFAULTS = {"drop_zero_adv": False, "eval_samples": 8, "eval_temperature": 1.0, "eval_every": 0, "humaneval_limit": 0,
-            "grad_checkpointing": False}
+            "grad_checkpointing": False, "target_kl": 0.05}
 # The released code's coding configuration (configs/coding_rl.yaml and the rollout scripts), for
 # --preset reference: 64 tasks × 32 programs, 16 generated tests, 2/2 optimizer steps, LR 1e-6.
 REFERENCE = {

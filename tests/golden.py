@@ -26,10 +26,12 @@ ARGS = {
              "--eval-every", "2", "--lr", "1e-3", "--rm-lr", "1e-3", "--no-dither"],
     "livebench": ["--task", "livebench", "--model", "tiny", "--engine", "hf", "--iterations", "2",
                   "--tasks-per-iter", "3", "--group-size", "4", "--m", "2", "--eval-every", "-1",
-                  "--sandbox-timeout", "3", "--lr", "1e-3", "--rm-lr", "1e-3", "--no-dither"],
+                  "--sandbox-timeout", "3", "--lr", "1e-3", "--rm-lr", "1e-3", "--no-dither", "--target-kl", "0"],
 }
-VOLATILE = ("time/", "sys/")   # wall-clock and memory: not part of the behaviour
-# --no-dither: the same weights on every machine (with bf16, --dither would move them at the start of a run)
+# wall-clock and memory: not part of the behaviour
+VOLATILE = ("time/", "sys/", "sandbox/timeout_seconds", "sandbox/slowest_ok_seconds")
+# --no-dither: the same weights on every machine (with bf16, --dither would move them at the start of a run);
+# --target-kl 0: every scripted update kept whole, as recorded
 
 
 def continuation(solution: str, prompt: str) -> str:

@@ -279,7 +279,9 @@ def test_each_setting_shows_its_own_defaults_and_the_released_values():
     # one line at start-up says what differs from Config's generic defaults; Config holds what livebench runs
     line = loop.describe(cfg)
     changed = set(line.removeprefix("livebench: ").split(", ")) - {"amp=False"}   # fp32 where bf16 is not native
-    assert line.startswith("livebench: ") and changed == {"drop_zero_adv=False", "eval_samples=8", "eval_temperature=1"}
+    assert line.startswith("livebench: ") and changed == {"drop_zero_adv=False", "eval_samples=8", "eval_temperature=1",
+                                                    "eval_every=0", "humaneval_limit=0", "grad_checkpointing=False",
+                                                    "target_kl=0.05"}
     assert "seed=2" in loop.describe(loop.parse_args(["--task", "livebench", "--seed", "2"]))
 
 

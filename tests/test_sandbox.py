@@ -270,6 +270,17 @@ def test_run_many_keeps_order(mode):
     assert run_many([], mode=mode) == []
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_run_many_counts_runs_and_timeouts(mode):
+    sandbox.pop_stats()
+    results = run_many([(ECHO, "a\n"), (LOOP, ""), ("raise SystemExit(3)", "")], timeout=1.0, workers=2, mode=mode)
+    stats = sandbox.pop_stats()
+    assert stats["runs"] == 3 and stats["timeouts"] == 1
+    assert stats["timeout_seconds"] == results[1].seconds >= 1.0
+    assert stats["slowest_ok_seconds"] == results[0].seconds > 0
+    assert sandbox.pop_stats() == {"runs": 0, "timeouts": 0, "timeout_seconds": 0.0, "slowest_ok_seconds": 0.0}
+
+
 def test_mode_detection_and_forcing(monkeypatch):
     monkeypatch.setenv(sandbox.ENV_VAR, "rlimit")
     assert sandbox.mode() == "rlimit"
