@@ -34,7 +34,6 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,40 +96,7 @@ def judge_metrics(adapter, groups, engine, cfg) -> dict:
     verdicts = [v for ro in rollouts for st in ro.steps for v in st.verdicts]
     return {**reward_model.agent_metrics(rollouts), **reward_model.theorem1_metrics(rollouts, cfg.m, labels=True),
             "verdict_mean": statistics.fmean(verdicts), "unparseable": statistics.fmean(v == 0 for v in verdicts),
-            **oracles(rollouts)}
-
-
-def oracles(rollouts) -> dict:
-    """Three fixed judges R could become, scored on the same labelled steps, to read R's numbers against:
-    - label: says each step's exact label;
-    - outcome: says its rollout's outcome at every step, which is what per-step Eq. 3 pays in full;
-    - valid: says −1 exactly on the steps whose answer named no valid move (`Step.parsed`), which the maze
-      labels −1 and R's prompt shows as "Move taken: none". It is the easiest feature R could learn.
-    For each, oracle_<judge>_bacc is its balanced Process Acc against the labels (as `agent_metrics`), and
-    oracle_<judge>_mu its Theorem 1 μ against the outcomes (as `theorem1_metrics`, one verdict per step).
-    A judge with μ > 1 is one that consistency feedback ranks above a constant one.
-
-        >>> from records import Rollout, Step
-        >>> step = lambda y, ok=True: Step("", [], "", [], label=y, parsed=ok)
-        >>> won = Rollout("t", [step(1), step(1), step(-1)], 1)
-        >>> lost = Rollout("t", [step(1), step(-1, ok=False)], -1)
-        >>> q = oracles([won, lost])
-        >>> round(q["oracle_label_mu"], 4)    # p₊ = P(label +1 | step of a success) = 2/3, p₋ = 1/2
-        1.1667
-        >>> round(q["oracle_outcome_bacc"], 4)   # hits on +1 steps 2/3, on −1 steps 1/2
-        0.5833
-        >>> q["oracle_valid_bacc"], q["oracle_valid_mu"]   # hits 3/3 and 1/2; p₊ = 3/3, p₋ = 1/2
-        (0.75, 1.5)
-    """
-    judges = {"label": lambda st, o: st.label, "outcome": lambda st, o: 1 if o > 0 else -1,
-              "valid": lambda st, o: 1 if st.parsed else -1}
-    out = {}
-    for name, judge in judges.items():   # each judge scored as an R with m = 1 on the labelled steps
-        judged = [replace(ro, steps=[replace(st, verdicts=[judge(st, ro.outcome)]) for st in ro.steps
-                                     if st.label is not None]) for ro in rollouts]
-        out[f"oracle_{name}_bacc"] = reward_model.agent_metrics(judged)["process_bacc"]
-        out[f"oracle_{name}_mu"] = reward_model.theorem1_metrics(judged, 1, labels=False)["thm1_mu"]
-    return out
+            **reward_model.fixed_judges(rollouts)}
 
 
 def run_cell(args, name: str, seed: int) -> None:
@@ -163,7 +129,7 @@ def run_cell(args, name: str, seed: int) -> None:
                         "train/verdict_mean": statistics.fmean(v for ro in rollouts for st in ro.steps
                                                                for v in st.verdicts),
                         **{f"train/{k}": v for k, v in
-                           (reward_model.theorem1_metrics(rollouts, cfg.m, labels=True) | oracles(rollouts)).items()}}
+                           (reward_model.theorem1_metrics(rollouts, cfg.m, labels=True) | reward_model.fixed_judges(rollouts)).items()}}
                 row |= loop.optimize(cfg, models["reward_model"], engines["reward_model"], samples, it, "rm")
             if it % cfg.eval_every == 0 or it == cfg.iterations:
                 seed_everything(cfg.seed)   # every eval of every configuration judges with the same sampling seed
