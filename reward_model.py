@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from dataclasses import replace
 
 from plumbing.engines import boxed, prefilled, render_chat
 from policy import zscore
@@ -220,39 +219,6 @@ def theorem1_metrics(rollouts, m: int, labels: bool) -> dict:
     if labels:
         out |= {f"thm1_label_{k}": v for k, v in theorem1([st.verdicts for st, _ in steps if st.label == 1],
                                                           [st.verdicts for st, _ in steps if st.label == -1], m).items()}
-    return out
-
-
-def fixed_judges(rollouts) -> dict:
-    """Three judges that need no training, scored on labelled steps, to read R's numbers against:
-    - label: says each step's exact label (the judge R would be at best);
-    - outcome: says its rollout's outcome at every step, which is what per-step Eq. 3 pays in full (the sign of
-      R_τ = O + λ·mean S is the sign of O at m = 3, λ = 1), so its balanced Process Acc is the most Eq. 3 can teach;
-    - valid: says −1 exactly on the steps whose answer was no valid action (`Step.parsed`), the easiest feature.
-    For each, oracle_<judge>_bacc is its balanced Process Acc against the labels (as `agent_metrics`), and
-    oracle_<judge>_mu its Theorem 1 μ against the outcomes (as `theorem1_metrics`, one verdict per step): a judge
-    with μ > 1 is one that consistency feedback ranks above a constant one.
-
-        >>> from records import Rollout, Step
-        >>> step = lambda y, ok=True: Step("", [], "", [], label=y, parsed=ok)
-        >>> won = Rollout("t", [step(1), step(1), step(-1)], 1)
-        >>> lost = Rollout("t", [step(1), step(-1, ok=False)], -1)
-        >>> q = fixed_judges([won, lost])
-        >>> round(q["oracle_label_mu"], 4)    # p₊ = P(label +1 | step of a success) = 2/3, p₋ = 1/2
-        1.1667
-        >>> round(q["oracle_outcome_bacc"], 4)   # hits on +1 steps 2/3, on −1 steps 1/2
-        0.5833
-        >>> q["oracle_valid_bacc"], q["oracle_valid_mu"]   # hits 3/3 and 1/2; p₊ = 3/3, p₋ = 1/2
-        (0.75, 1.5)
-    """
-    judges = {"label": lambda st, o: st.label, "outcome": lambda st, o: 1 if o > 0 else -1,
-              "valid": lambda st, o: 1 if st.parsed else -1}
-    out = {}
-    for name, judge in judges.items():   # each judge scored as an R with m = 1 on the labelled steps
-        judged = [replace(ro, steps=[replace(st, verdicts=[judge(st, ro.outcome)]) for st in ro.steps
-                                     if st.label is not None]) for ro in rollouts]
-        out[f"oracle_{name}_bacc"] = agent_metrics(judged)["process_bacc"]
-        out[f"oracle_{name}_mu"] = theorem1_metrics(judged, 1, labels=False)["thm1_mu"]
     return out
 
 

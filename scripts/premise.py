@@ -12,7 +12,7 @@ On the setting's validation split (never the eval sets) the initial P plays each
 initial R judges every step m times; nothing trains. It prints:
   - P's base rate (the share of rollouts that succeed) and the share of tasks in R's accuracy band
     (reward_model.RM_ACC_RANGE: the only tasks Eq. 3 reads);
-  - the fixed judges (reward_model.fixed_judges): the label judge's μ against the outcomes, with Theorem 1's
+  - the fixed judges (`fixed_judges`): the label judge's μ against the outcomes, with Theorem 1's
     bound at the run's m; the outcome judge's balanced Process Acc, the most per-step Eq. 3 can teach; the
     easy-feature judge (no valid action is bad);
   - the untrained R: its balanced Process Acc, its μ against the labels, and μ/(1 − u), u its unparseable share
@@ -26,6 +26,7 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,6 +44,39 @@ GATES = {
     "oracle_label_mu": (1.40, "steps and outcomes agree: the label judge's μ against the outcomes"),
     "in_band": (0.40, "tasks that feed R: the share of tasks in R's accuracy band"),
 }
+
+
+def fixed_judges(rollouts) -> dict:
+    """Three judges that need no training, scored on labelled steps, to read R's numbers against:
+    - label: says each step's exact label (the judge R would be at best);
+    - outcome: says its rollout's outcome at every step, which is what per-step Eq. 3 pays in full (the sign of
+      R_τ = O + λ·mean S is the sign of O at m = 3, λ = 1), so its balanced Process Acc is the most Eq. 3 can teach;
+    - valid: says −1 exactly on the steps whose answer was no valid action (`Step.parsed`), the easiest feature.
+    For each, oracle_<judge>_bacc is its balanced Process Acc against the labels (as `agent_metrics`), and
+    oracle_<judge>_mu its Theorem 1 μ against the outcomes (as `theorem1_metrics`, one verdict per step): a judge
+    with μ > 1 is one that consistency feedback ranks above a constant one.
+
+        >>> from records import Rollout, Step
+        >>> step = lambda y, ok=True: Step("", [], "", [], label=y, parsed=ok)
+        >>> won = Rollout("t", [step(1), step(1), step(-1)], 1)
+        >>> lost = Rollout("t", [step(1), step(-1, ok=False)], -1)
+        >>> q = fixed_judges([won, lost])
+        >>> round(q["oracle_label_mu"], 4)    # p₊ = P(label +1 | step of a success) = 2/3, p₋ = 1/2
+        1.1667
+        >>> round(q["oracle_outcome_bacc"], 4)   # hits on +1 steps 2/3, on −1 steps 1/2
+        0.5833
+        >>> q["oracle_valid_bacc"], q["oracle_valid_mu"]   # hits 3/3 and 1/2; p₊ = 3/3, p₋ = 1/2
+        (0.75, 1.5)
+    """
+    judges = {"label": lambda st, o: st.label, "outcome": lambda st, o: 1 if o > 0 else -1,
+              "valid": lambda st, o: 1 if st.parsed else -1}
+    out = {}
+    for name, judge in judges.items():   # each judge scored as an R with m = 1 on the labelled steps
+        judged = [replace(ro, steps=[replace(st, verdicts=[judge(st, ro.outcome)]) for st in ro.steps
+                                     if st.label is not None]) for ro in rollouts]
+        out[f"oracle_{name}_bacc"] = reward_model.agent_metrics(judged)["process_bacc"]
+        out[f"oracle_{name}_mu"] = reward_model.theorem1_metrics(judged, 1, labels=False)["thm1_mu"]
+    return out
 
 
 def premise(groups, m: int, band: tuple[float, float] = reward_model.RM_ACC_RANGE) -> dict:
@@ -71,7 +105,7 @@ def premise(groups, m: int, band: tuple[float, float] = reward_model.RM_ACC_RANG
            "base_rate": statistics.fmean(ro.outcome > 0 for ro in rollouts),
            "in_band": statistics.fmean(band[0] <= g.acc <= band[1] for g in groups),
            "mixed": statistics.fmean(0 < g.acc < 1 for g in groups)}
-    out |= reward_model.fixed_judges(rollouts)
+    out |= fixed_judges(rollouts)
     out["oracle_label_bound"] = reward_model.theorem1_bound(out["oracle_label_mu"], m)
     u = statistics.fmean(v == 0 for v in verdicts) if verdicts else float("nan")
     labelled = reward_model.theorem1_metrics(rollouts, m, labels=True)

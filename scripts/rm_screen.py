@@ -46,6 +46,7 @@ import reward_model  # noqa: E402
 import tasks  # noqa: E402
 from plumbing.config import parse_args  # noqa: E402
 from plumbing.models import machine, seed_everything  # noqa: E402
+from scripts.premise import fixed_judges  # noqa: E402
 
 # name → the loop flags that make the configuration (on top of the maze's defaults; R's levers of issue 25)
 CONFIGS = {
@@ -96,7 +97,7 @@ def judge_metrics(adapter, groups, engine, cfg) -> dict:
     verdicts = [v for ro in rollouts for st in ro.steps for v in st.verdicts]
     return {**reward_model.agent_metrics(rollouts), **reward_model.theorem1_metrics(rollouts, cfg.m, labels=True),
             "verdict_mean": statistics.fmean(verdicts), "unparseable": statistics.fmean(v == 0 for v in verdicts),
-            **reward_model.fixed_judges(rollouts)}
+            **fixed_judges(rollouts)}
 
 
 def run_cell(args, name: str, seed: int) -> None:
@@ -129,7 +130,7 @@ def run_cell(args, name: str, seed: int) -> None:
                         "train/verdict_mean": statistics.fmean(v for ro in rollouts for st in ro.steps
                                                                for v in st.verdicts),
                         **{f"train/{k}": v for k, v in
-                           (reward_model.theorem1_metrics(rollouts, cfg.m, labels=True) | reward_model.fixed_judges(rollouts)).items()}}
+                           (reward_model.theorem1_metrics(rollouts, cfg.m, labels=True) | fixed_judges(rollouts)).items()}}
                 row |= loop.optimize(cfg, models["reward_model"], engines["reward_model"], samples, it, "rm")
             if it % cfg.eval_every == 0 or it == cfg.iterations:
                 seed_everything(cfg.seed)   # every eval of every configuration judges with the same sampling seed

@@ -1,5 +1,5 @@
 """scripts/premise.py: the premise check runs on the tiny model end to end, and refuses what it cannot check.
-Its numbers are checked by hand in its doctests (premise.premise, reward_model.fixed_judges)."""
+Its numbers are checked by hand in its doctests (premise.premise, premise.fixed_judges)."""
 import json
 import math
 import subprocess
