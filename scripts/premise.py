@@ -79,6 +79,17 @@ def fixed_judges(rollouts) -> dict:
     return out
 
 
+def judged(rollouts, m: int) -> dict:
+    """What R's verdicts on labelled rollouts score (shared with scripts/rm_screen.py): its Process Acc
+    (`agent_metrics`), Theorem 1 against the outcomes and the labels (`theorem1_metrics`), its mean verdict and
+    unparseable share, and the fixed judges on the same steps (`fixed_judges`)."""
+    verdicts = [v for ro in rollouts for st in ro.steps for v in st.verdicts]
+    nan = float("nan")
+    return {**reward_model.agent_metrics(rollouts), **reward_model.theorem1_metrics(rollouts, m, labels=True),
+            "verdict_mean": statistics.fmean(verdicts) if verdicts else nan,
+            "unparseable": statistics.fmean(v == 0 for v in verdicts) if verdicts else nan, **fixed_judges(rollouts)}
+
+
 def premise(groups, m: int, band: tuple[float, float] = reward_model.RM_ACC_RANGE) -> dict:
     """The premise numbers of judged, labelled groups (the module docstring), and pass_<key> for each of GATES.
 
@@ -99,20 +110,18 @@ def premise(groups, m: int, band: tuple[float, float] = reward_model.RM_ACC_RANG
         (False, True, True)
     """
     rollouts = [ro for g in groups for ro in g.rollouts]
-    verdicts = [v for ro in rollouts for st in ro.steps for v in st.verdicts]
+    r = judged(rollouts, m)
     out = {"tasks": len(groups), "rollouts": len(rollouts),
            "labelled_steps": sum(st.label is not None for ro in rollouts for st in ro.steps),
            "base_rate": statistics.fmean(ro.outcome > 0 for ro in rollouts),
            "in_band": statistics.fmean(band[0] <= g.acc <= band[1] for g in groups),
            "mixed": statistics.fmean(0 < g.acc < 1 for g in groups)}
-    out |= fixed_judges(rollouts)
+    out |= {k: v for k, v in r.items() if k.startswith("oracle_")}
     out["oracle_label_bound"] = reward_model.theorem1_bound(out["oracle_label_mu"], m)
-    u = statistics.fmean(v == 0 for v in verdicts) if verdicts else float("nan")
-    labelled = reward_model.theorem1_metrics(rollouts, m, labels=True)
-    out |= {"rm_bacc": reward_model.agent_metrics(rollouts)["process_bacc"], "rm_mu": labelled["thm1_label_mu"],
-            "rm_mu_outcomes": labelled["thm1_mu"], "rm_unparseable": u,
-            "rm_mu_parsed": labelled["thm1_label_mu"] / (1 - u) if u < 1 else float("nan"),
-            "rm_verdict_mean": statistics.fmean(verdicts) if verdicts else float("nan")}
+    u = r["unparseable"]
+    out |= {"rm_bacc": r["process_bacc"], "rm_mu": r["thm1_label_mu"], "rm_mu_outcomes": r["thm1_mu"],
+            "rm_unparseable": u, "rm_mu_parsed": r["thm1_label_mu"] / (1 - u) if u < 1 else float("nan"),
+            "rm_verdict_mean": r["verdict_mean"]}
     if len({st.label for ro in rollouts for st in ro.steps} - {None}) < 2:   # one label class: no balanced accuracy
         out |= {k: float("nan") for k in ("oracle_label_bacc", "oracle_outcome_bacc", "oracle_valid_bacc", "rm_bacc")}
     return out | {f"pass_{k}": out[k] >= least for k, (least, _) in GATES.items()}

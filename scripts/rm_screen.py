@@ -46,7 +46,7 @@ import reward_model  # noqa: E402
 import tasks  # noqa: E402
 from plumbing.config import parse_args  # noqa: E402
 from plumbing.models import machine, seed_everything  # noqa: E402
-from scripts.premise import fixed_judges  # noqa: E402
+from scripts.premise import fixed_judges, judged  # noqa: E402
 
 # name → the loop flags that make the configuration (on top of the maze's defaults; R's levers of issue 25)
 CONFIGS = {
@@ -93,11 +93,7 @@ def judge_metrics(adapter, groups, engine, cfg) -> dict:
     """R judges a copy of `groups` (its verdicts replace any earlier ones); R's accuracy, Theorem 1 and drift."""
     groups = copy.deepcopy(groups)
     adapter.judge(groups, engine, cfg)
-    rollouts = [ro for g in groups for ro in g.rollouts]
-    verdicts = [v for ro in rollouts for st in ro.steps for v in st.verdicts]
-    return {**reward_model.agent_metrics(rollouts), **reward_model.theorem1_metrics(rollouts, cfg.m, labels=True),
-            "verdict_mean": statistics.fmean(verdicts), "unparseable": statistics.fmean(v == 0 for v in verdicts),
-            **fixed_judges(rollouts)}
+    return judged([ro for g in groups for ro in g.rollouts], cfg.m)
 
 
 def run_cell(args, name: str, seed: int) -> None:

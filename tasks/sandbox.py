@@ -737,13 +737,14 @@ def _resolve(requested: str | None) -> str:
 
 # What the runs of this process cost since the last `pop_stats`: how many, how many ran out of time and the
 # wall seconds those took, and the slowest run that passed (exit 0): how close a good program comes to the timeout.
-_STATS = {"runs": 0, "timeouts": 0, "timeout_seconds": 0.0, "slowest_ok_seconds": 0.0}
+_NONE = {"runs": 0, "timeouts": 0, "timeout_seconds": 0.0, "slowest_ok_seconds": 0.0}
+_STATS = dict(_NONE)
 
 
 def pop_stats() -> dict:
     """The counts of `run_many`'s runs since the last call (logged by the loop as sandbox/*), then reset."""
     stats = dict(_STATS)
-    _STATS.update(runs=0, timeouts=0, timeout_seconds=0.0, slowest_ok_seconds=0.0)
+    _STATS.update(_NONE)
     return stats
 
 
