@@ -63,6 +63,8 @@ class Config:
     coding_task: str = opt("completion", "coding: completion (P completes the first lines of a reference solution: "
                            "LiveBench's code-completion task) or generation (P writes the whole program)",
                            choices=["generation", "completion"])
+    stop_after_code: bool = opt(True, "coding: P's answer ends with the token that closes its code block (what it "
+                                "writes after the block earns no reward); --no-stop-after-code: on to eos, as released")
     acc_lower: float = opt(1 / 8, "policy training keeps tasks with acc in [--acc-lower, --acc-upper]")
     acc_upper: float = opt(7 / 8, "upper end of the policy's accuracy filter")
     drop_zero_adv: bool = opt(True, "drop samples whose advantage is exactly 0 (P and R); else they stay in the "
@@ -163,7 +165,7 @@ class _Parser(argparse.ArgumentParser):
 
 # Flags that only some settings read, grouped under those settings' names in --help.
 SETTING_FLAGS = {
-    "livebench (coding)": ["coding_task", "coding_reward", "wrong_tests_cost", "sandbox_timeout", "humaneval_limit", "data"],
+    "livebench (coding)": ["coding_task", "coding_reward", "stop_after_code", "wrong_tests_cost", "sandbox_timeout", "humaneval_limit", "data"],
     "alfworld, osworld, maze (multi-turn agents)": ["max_turns", "eval_max_turns", "rm_oracle"],
     "osworld": ["backend", "screenshots", "browsers", "browser_timeout", "osworld_tasks", "osworld_python",
                 "osworld_provider", "osworld_vm"],

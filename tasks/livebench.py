@@ -64,6 +64,7 @@ REFERENCE = {
     "coding_reward": "reference", "fresh_optimizer": True, "log_ratio_clamp": 10.0,
     "warmup_steps": 0, "target_kl": 0.0, "train_amp": True, "iterations": 300,
     "eval_every": 10, "eval_samples": 3, "eval_temperature": 0.0, "coding_task": "generation",
+    "stop_after_code": False,
 }
 BUILTIN = Path(__file__).parent / "data" / "livebench_builtin.jsonl"
 MIN_GENERATED_TESTS = 4
@@ -148,6 +149,7 @@ input and output format), "tests" (at least 4 objects {{"input": ..., "output": 
 stdout), and "solution" (a correct Python 3 program reading stdin and printing stdout)."""
 
 CODE_PREFIX = "```python\n"     # prefilled start of P's answer
+CODE_END = "```"                # P's answer ends with the token that closes its code block
 TEST_PREFIX = "Input:\n```\n"  # prefilled start of R's answer
 _CODE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _JSON = re.compile(r"```(?:json)?[ \t]*\n(.*?)```", re.DOTALL)
@@ -353,11 +355,13 @@ def run_gt(tasks_programs: list[tuple[Task, str]], timeout: float, first_failure
             for (task, _), rs in zip(tasks_programs, results)]
 
 
-def run_tests(task: Task, programs: list[str], tests: list[tuple[str, str] | None], timeout: float) -> list[list[bool]]:
-    """passes[i][k]: program i passes generated test k (a malformed test passes nobody)."""
-    jobs = [_test_job(task, p, t[0]) for p in programs for t in tests if t]
+def run_tests(suites: list[tuple[Task, list[str], list[tuple[str, str] | None]]], timeout: float) -> list[list[list[bool]]]:
+    """For each (task, programs, tests): passes[i][k], program i passes generated test k (a malformed test passes
+    nobody). Every suite's runs share one pool, so a program that hangs holds one worker, not a whole suite."""
+    jobs = [_test_job(task, p, t[0]) for task, programs, tests in suites for p in programs for t in tests if t]
     results = iter(run_many(jobs, timeout=timeout))
-    return [[_passed(task, t[1], next(results)) if t else False for t in tests] for _ in programs]
+    return [[[_passed(task, t[1], next(results)) if t else False for t in tests] for _ in programs]
+            for task, programs, tests in suites]
 
 
 # ───────────────────────────── metrics (paper Table 1) ─────────────────────────────
@@ -484,6 +488,7 @@ class Adapter(AdapterBase):
         # the answer starts with the code block, and under code completion with the given lines
         outs = prefilled(engine, prompts, [CODE_PREFIX + t.data.get("given", "") for t in tasks], n=G,
                          max_new_tokens=cfg.max_new_tokens, top_p=cfg.top_p, desc="P writes programs",
+                         stop=CODE_END if cfg.stop_after_code else None,
                          temperature=cfg.temperature if temperature is None else temperature)
         programs = [[extract_code(c.text) for c in cs] for cs in outs]
         # only Eq. 1's outcome is needed (not the share of tests passed) unless the reward is the released one or
@@ -509,11 +514,13 @@ class Adapter(AdapterBase):
         prompts = [render_chat(engine.tokenizer, (TEST_WRITER_PROMPT if g.task.data["format"] == "stdin"
                                                   else FUNCTIONAL_TEST_WRITER_PROMPT).format(problem=g.task.prompt))
                    for g in groups]
-        for g, parsed in zip(groups, write_tests(groups, prompts, engine, cfg, TEST_PREFIX)):
-            with stage(self.timings, "sandbox"):
-                g.test_passes = run_tests(g.task, [ro.program for ro in g.rollouts], parsed,
-                                          cfg.sandbox_timeout)
-            for ro, row in zip(g.rollouts, g.test_passes):
+        tests = write_tests(groups, prompts, engine, cfg, TEST_PREFIX)
+        with stage(self.timings, "sandbox"):
+            passes = run_tests([(g.task, [ro.program for ro in g.rollouts], parsed) for g, parsed in zip(groups, tests)],
+                               cfg.sandbox_timeout)
+        for g, parsed, rows in zip(groups, tests, passes):
+            g.test_passes = rows
+            for ro, row in zip(g.rollouts, rows):
                 ro.steps[0].verdicts = verdicts_from_tests(parsed, row)   # S_j of the program
 
     def train_metrics(self, groups: list[Group]) -> dict:
@@ -529,14 +536,13 @@ class Adapter(AdapterBase):
             out |= accuracy(f"{name}/code", mine)
             if rm is None:
                 continue
-            gt_pass, passes, ok = [], [], []
-            for g in mine:
-                parsed = [parse_test(c.text) for c in g.tests]
-                ref = run_tests(g.task, [g.task.data["solution"]], parsed, cfg.sandbox_timeout) \
-                    if g.task.data.get("solution") else []
-                gt_pass.append([ro.outcome > 0 for ro in g.rollouts] + [True] * len(ref))
-                passes.append(g.test_passes + ref)
-                ok.append([t is not None for t in parsed])
+            parsed = [[parse_test(c.text) for c in g.tests] for g in mine]
+            # the reference solution passes every GT test, so R's tests should pass it too (an S+ row, no program)
+            refs = run_tests([(g.task, [g.task.data["solution"]] if g.task.data.get("solution") else [], tests)
+                              for g, tests in zip(mine, parsed)], cfg.sandbox_timeout)
+            gt_pass = [[ro.outcome > 0 for ro in g.rollouts] + [True] * len(ref) for g, ref in zip(mine, refs)]
+            passes = [g.test_passes + ref for g, ref in zip(mine, refs)]
+            ok = [[t is not None for t in tests] for tests in parsed]
             out |= {f"{name}/{k}": v for k, v in coding_metrics(gt_pass, passes, ok).items()}
             out |= {f"{name}/{k}": v for k, v in
                     theorem1_metrics([ro for g in mine for ro in g.rollouts], cfg.m, labels=False).items()}

@@ -166,8 +166,9 @@ def test_humaneval_canonical_passes_wrong_fails():
 def test_generated_functional_tests_on_humaneval():
     task = next(t for t in load_humaneval(-1) if t.data["call"] == "has_close_elements")
     tests = [("[1.0, 2.0, 3.9]\n0.3\n", "false\n"), ("[1.0, 1.1]\n0.3\n", "true\n"), None, ("[1.0]\n", "x\n")]
-    passes = run_tests(task, [task.data["solution"]], tests, timeout=5.0)
-    assert passes == [[True, True, False, False]]
+    passes = run_tests([(task, [task.data["solution"]], tests), (task, [], tests),
+                        (task, ["print('false')", task.data["solution"]], tests[:1])], timeout=5.0)
+    assert passes == [[[True, True, False, False]], [], [[False], [True]]]
 
 
 @pytest.mark.parametrize("text,code", [

@@ -25,7 +25,7 @@ def test_greedy_decode_matches_transformers_generate(tiny):
     model, tok = tiny
     input_ids, attention = _prompt_batch(tok, ["hi", "a longer prompt here"])
     ours, _ = engines.decode(model, input_ids, attention, max_new_tokens=20, temperature=0, top_p=1.0,
-                             eos_id=tok.eos_token_id, amp=False)
+                             stop_ids=[tok.eos_token_id], amp=False)
     ref = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=20, do_sample=False,
                          pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)[:, input_ids.shape[1]:]
     for row, ref_row in zip(ours, ref.tolist()):

