@@ -84,6 +84,9 @@ class Config:
     rm_oracle: bool = opt(False, "maze, a control, not the method: R's m verdicts on a step are its exact label "
                           "(tasks.agent.label_verdicts), so --ablation stepwise / policy show what a perfect judge's "
                           "step signal gives P")
+    maze_no_slack: bool = opt(False, "maze, not in the paper: an episode ends at its first step off a shortest path "
+                              "(an invalid answer included), so its outcome is the AND of its step labels: the "
+                              "setting where per-step Eq. 3's outcome signal is a step signal (docs/PREMISE.md)")
     rm_norm: str = opt("step", "agent settings: Eq. 3's z-score over each step's m judgments (step: the paper; a step "
                        "whose m judgments agree is skipped) or over every judgment of the iteration (batch, not in "
                        "the paper: unanimous steps train R too; reward_model.batch_consistency_rewards)",
@@ -166,7 +169,7 @@ class _Parser(argparse.ArgumentParser):
 # Flags that only some settings read, grouped under those settings' names in --help.
 SETTING_FLAGS = {
     "livebench (coding)": ["coding_task", "coding_reward", "stop_after_code", "wrong_tests_cost", "sandbox_timeout", "humaneval_limit", "data"],
-    "alfworld, osworld, maze (multi-turn agents)": ["max_turns", "eval_max_turns", "rm_oracle"],
+    "alfworld, osworld, maze (multi-turn agents)": ["max_turns", "eval_max_turns", "rm_oracle", "maze_no_slack"],
     "osworld": ["backend", "screenshots", "browsers", "browser_timeout", "osworld_tasks", "osworld_python",
                 "osworld_provider", "osworld_vm"],
 }

@@ -414,7 +414,10 @@ class VLLMEngine:
         self.tokens = {"prompt": 0, "generated": 0}
 
     def sync(self) -> None:
-        self.server.load(self)
+        """The trainer's weights changed: the server reloads them before this engine's next generate, not now. P and
+        R take turns on one server, so an eager load after R's update would be undone by P's next rollout."""
+        if self.server.holder is self:
+            self.server.holder = None
 
     def generate(self, prompts: list[str], *, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
                  max_new_tokens: int = 256, desc: str | None = None, images: list | None = None,

@@ -10,7 +10,8 @@ m = 3, λ = 1 that is the sign of the outcome O: R is paid for predicting its ro
 
 On the setting's validation split (never the eval sets) the initial P plays each task --group-size times and the
 initial R judges every step m times; nothing trains. It prints:
-  - P's base rate (the share of rollouts that succeed) and the share of tasks in R's accuracy band
+  - P's base rate (the share of rollouts that succeed), its share of answers that are no valid action, and the
+    share of tasks in R's accuracy band
     (reward_model.RM_ACC_RANGE: the only tasks Eq. 3 reads);
   - the fixed judges (`fixed_judges`): the label judge's μ against the outcomes, with Theorem 1's
     bound at the run's m; the outcome judge's balanced Process Acc, the most per-step Eq. 3 can teach; the
@@ -98,8 +99,8 @@ def premise(groups, m: int, band: tuple[float, float] = reward_model.RM_ACC_RANG
         >>> won = Rollout("t", [step(1, [1, 1]), step(-1, [1, 0])], 1)        # a success with one bad step
         >>> lost = Rollout("t", [step(-1, [-1, 1])], -1)
         >>> q = premise([Group(Task("t", "", {}), [won, lost])], m=2)
-        >>> q["base_rate"], q["in_band"]                      # 1 of 2 rollouts won; the task's acc 0.5 is in band
-        (0.5, 1.0)
+        >>> q["base_rate"], q["in_band"], q["invalid"]        # 1 of 2 rollouts won; acc 0.5 is in band; all valid
+        (0.5, 1.0, 0.0)
         >>> q["oracle_label_mu"], round(q["oracle_label_bound"], 4)   # p₊ = 1/2 (won's steps), p₋ = 1: 1 − exp(−2/16)
         (1.5, 0.1175)
         >>> q["oracle_outcome_bacc"]                          # label +1: 1 of 1 hit; label −1: 1 of 2
@@ -114,6 +115,7 @@ def premise(groups, m: int, band: tuple[float, float] = reward_model.RM_ACC_RANG
     out = {"tasks": len(groups), "rollouts": len(rollouts),
            "labelled_steps": sum(st.label is not None for ro in rollouts for st in ro.steps),
            "base_rate": statistics.fmean(ro.outcome > 0 for ro in rollouts),
+           "invalid": statistics.fmean(not st.parsed for ro in rollouts for st in ro.steps),
            "in_band": statistics.fmean(band[0] <= g.acc <= band[1] for g in groups),
            "mixed": statistics.fmean(0 < g.acc < 1 for g in groups)}
     out |= {k: v for k, v in r.items() if k.startswith("oracle_")}
@@ -131,7 +133,8 @@ def table(q: dict, m: int) -> str:
     """Markdown: each number, and each gate with its verdict."""
     rows = [("tasks × rollouts (labelled steps)", f"{q['tasks']} × {q['rollouts'] // max(q['tasks'], 1)} "
                                                  f"({q['labelled_steps']})"),
-            ("P's base rate", f"{100 * q['base_rate']:.1f} %"),
+            ("P's base rate; its answers that are no valid action", f"{100 * q['base_rate']:.1f} %; "
+                                                                    f"{100 * q['invalid']:.1f} %"),
             ("tasks in R's band / mixed", f"{100 * q['in_band']:.1f} % / {100 * q['mixed']:.1f} %"),
             (f"label judge: μ against the outcomes (Theorem 1 bound at m = {m})",
              f"{q['oracle_label_mu']:.2f} ({q['oracle_label_bound']:.3f})"),

@@ -8,7 +8,8 @@ multi-turn episodes, R judging every step, E moving tasks along a difficulty lad
   wall. P sees the map, the goal's and its own coordinates, its last moves and the numbered moves
   it can make with the cell each leads to (a move into a wall is not offered), and answers a
   number. An unparseable answer is a wasted step and the episode goes on. Outcome: the goal reached
-  within `max_turns` steps.
+  within `max_turns` steps. With `--maze-no-slack` (issue 43's candidate, not the default) an episode ends at
+  its first step off a shortest path, so its outcome is the AND of its step labels.
 - Exact step labels, computed the way ALFWorld's planner labels are: a step is good iff it reaches
   the goal or shortens the breadth-first-search distance to the goal by one (it lies on a shortest
   path). R's Process Acc is therefore exact here.
@@ -234,9 +235,11 @@ class Adapter(AgentAdapter):
         gr, gc = find(grid, "G")
         judge = JUDGE_PROMPT.format(gr=gr, gc=gc, r=before[0], c=before[1], map="\n".join(grid),
                                     response=completion.text.strip()[:200], action=action, r2=ep.pos[0], c2=ep.pos[1])
+        label = step_label(ep.dist, before, after)
         ep.steps.append(Step.sampled(prompt, completion, observation=f"at row {ep.pos[0]}, column {ep.pos[1]}",
-                                     judge_prompt=judge, label=step_label(ep.dist, before, after),
-                                     parsed=choice is not None))
+                                     judge_prompt=judge, label=label, parsed=choice is not None))
+        if label < 0 and self.cfg.maze_no_slack:   # the goal is out of reach in the fewest steps: the episode is lost
+            ep.done = True
         ep.actions.append(action if choice is not None else "none")
 
     def why_failed(self, ro) -> str:

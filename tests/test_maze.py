@@ -120,6 +120,27 @@ def test_bad_answers_cost_a_step_and_the_episode_goes_on(adapter):
     assert g.rollouts[0].invalid == 3
 
 
+def test_no_slack_ends_at_the_first_step_off_a_shortest_path():
+    strict = mz.Adapter(loop.parse_args(["--task", "maze", "--maze-no-slack"]))
+    task = next(t for t in strict.sets["train"] if t.level == 2)
+    cfg = SimpleNamespace(**{**vars(CFG), "max_turns": 6})
+
+    def worst_after_one(prompt):   # a shortest-path move first, then the move that leads farthest from the goal
+        if "Your last moves" not in prompt:
+            return optimal(prompt)
+        grid = prompt.split("'G' goal):\n")[1].split("\nThe goal is at")[0].splitlines()
+        moves = re.findall(r"(\d+)\. \w+ → row (\d+), column (\d+)", prompt)
+        return f"{max(moves, key=lambda m: mz.distances(grid).get((int(m[1]), int(m[2])), -1))[0]}}}"
+
+    runs = {name: strict.rollout([task], 1, ScriptedEngine(answer), cfg)[0].rollouts[0]
+            for name, answer in (("optimal", optimal), ("invalid", lambda p: "nine}"), ("slip", worst_after_one))}
+    assert [st.label for st in runs["optimal"].steps] == [1] * task.data["dist"] and runs["optimal"].outcome == 1
+    assert [st.label for st in runs["invalid"].steps] == [-1] and runs["invalid"].outcome == -1
+    assert [st.label for st in runs["slip"].steps] == [1, -1] and runs["slip"].outcome == -1
+    for ro in runs.values():   # the outcome is the AND of the step labels
+        assert ro.outcome == (1 if all(st.label == 1 for st in ro.steps) else -1)
+
+
 def test_generated_rewrites_are_solver_checked(adapter):
     root = adapter.sets["train"][0]
     new = adapter.parse_rewrite(root, "Here: \\boxed{#####/#S..#/###G#}")

@@ -19,11 +19,11 @@ def test_tiny_maze_prints_the_table_and_writes_the_numbers(tmp_path, capsys):
     q = json.loads(out.read_text())
     assert (q["task"], q["tasks"], q["rollouts"], q["m"]) == ("maze", 4, 8, 2) and q["labelled_steps"] > 0
     assert 0 <= q["base_rate"] <= 1 and 0 <= q["in_band"] <= q["mixed"] <= 1   # the band lies inside (0, 1)
-    assert 0 <= q["rm_unparseable"] <= 1 and "cpu" in q["machine"]
+    assert 0 <= q["rm_unparseable"] <= 1 and 0 <= q["invalid"] <= 1 and "cpu" in q["machine"]
     for key, (least, _) in premise.GATES.items():   # a gate passes exactly when its number reaches the bar
         assert q[f"pass_{key}"] == (not math.isnan(q[key]) and q[key] >= least)
     printed = capsys.readouterr().out
-    assert "| P's base rate |" in printed and printed.count("| ≥ ") == len(premise.GATES)
+    assert "| P's base rate; its answers that are no valid action |" in printed and printed.count("| ≥ ") == len(premise.GATES)
 
 
 def test_a_setting_without_step_labels_or_a_bad_flag_is_one_line():
