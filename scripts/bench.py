@@ -8,7 +8,8 @@ Every measurement runs in its own subprocess (clean memory peak, no thread-bindi
 and prints one JSON line; this script collects them and prints the tables. Parts:
 
   ceiling   bf16 / fp32 matmul GFLOP/s → the model's tokens/s ceiling (2·N FLOPs per token)
-  sampling  the transformers engine vs the vLLM engine on identical prompts (tok/s, % of ceiling)
+  sampling  the transformers engine vs the vLLM engine on identical prompts (tok/s, % of ceiling), and vLLM's
+            start-up: first (compiling, on a machine's first run) and again (from its compile cache)
   train     one PPO step on 8 × 512 tokens: the textbook fp32 full-logits baseline vs this
             project's update (bf16 autocast, chunked log-probs), + grad checkpointing, + LoRA,
             and next to a live vLLM engine (as in the loop); weight sync seconds
@@ -457,6 +458,8 @@ def main() -> None:
               [[r["dtype"], r["shape"], r["gflops"], r["gflop_per_token"], r["tok_s"]] for r in rows])
     if "sampling" in parts:
         rows = [r for e in kinds for r in run(py, "sampling", args, engine=e)]
+        if "vllm" in kinds:   # a second process: vLLM's start-up from its compile cache, as every run after the first
+            rows += [r | {"engine": "vllm, started again"} for r in run(py, "sampling", args, engine="vllm")]
         base = next((r["tok_s"] for r in rows if r["engine"] == "hf"), float("nan"))
         nan = float("nan")
         peak, decode = ceiling.get(("bfloat16", "2048x2048"), nan), ceiling.get(("bfloat16", "decode, 64 rows"), nan)

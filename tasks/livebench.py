@@ -355,7 +355,8 @@ def run_gt(tasks_programs: list[tuple[Task, str]], timeout: float, first_failure
             for (task, _), rs in zip(tasks_programs, results)]
 
 
-def run_tests(suites: list[tuple[Task, list[str], list[tuple[str, str] | None]]], timeout: float) -> list[list[list[bool]]]:
+def run_tests(suites: list[tuple[Task, list[str], list[tuple[str, str] | None]]],
+              timeout: float) -> list[list[list[bool]]]:
     """For each (task, programs, tests): passes[i][k], program i passes generated test k (a malformed test passes
     nobody). Every suite's runs share one pool, so a program that hangs holds one worker, not a whole suite."""
     jobs = [_test_job(task, p, t[0]) for task, programs, tests in suites for p in programs for t in tests if t]
@@ -516,8 +517,8 @@ class Adapter(AdapterBase):
                    for g in groups]
         tests = write_tests(groups, prompts, engine, cfg, TEST_PREFIX)
         with stage(self.timings, "sandbox"):
-            passes = run_tests([(g.task, [ro.program for ro in g.rollouts], parsed) for g, parsed in zip(groups, tests)],
-                               cfg.sandbox_timeout)
+            passes = run_tests([(g.task, [ro.program for ro in g.rollouts], parsed)
+                                for g, parsed in zip(groups, tests)], cfg.sandbox_timeout)
         for g, parsed, rows in zip(groups, tests, passes):
             g.test_passes = rows
             for ro, row in zip(g.rollouts, rows):

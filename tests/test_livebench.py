@@ -24,7 +24,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
 def cfg(**kw):
     base = dict(data="", humaneval_limit=0, seed=0, sandbox_timeout=5.0, m=2, rm_temperature=0.8, rm_top_p=1.0,
                 rm_max_new_tokens=16, temperature=1.0, top_p=1.0, max_new_tokens=16, coding_task="generation",
-                coding_reward="integrated", env_mode="variants", validation=False, eval_tasks=0, task="livebench")
+                coding_reward="integrated", env_mode="variants", validation=False, eval_tasks=0, task="livebench",
+                stop_after_code=True)
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -221,6 +222,7 @@ class ScriptedEngine:
     def generate(self, prompts, n=1, **kw):
         self.calls += 1
         self.prompts += prompts
+        self.stop = kw.get("stop")
         return [[Completion(self.texts.pop(0), [1], [2, 3], "stop") for _ in range(n)] for _ in prompts]
 
 
@@ -278,7 +280,9 @@ def test_code_completion_gives_the_first_lines_and_scores_the_whole_program():
     # P continues after the given lines: the stored text holds them, the program is the whole block
     e = ScriptedEngine(["print(a + b)\n```", "print(a - b)\n```"])
     [g] = a.rollout([task], 2, e, cfg(coding_task="completion"))
-    assert e.prompts == [prompt + "```python\na, b = map(int, input().split())\n"]
+    assert e.prompts == [prompt + "```python\na, b = map(int, input().split())\n"] and e.stop == "```"
+    a.rollout([task], 1, e := ScriptedEngine(["print(a + b)\n```"]), cfg(stop_after_code=False))
+    assert e.stop is None                                                     # --no-stop-after-code: on to eos
     assert g.rollouts[0].steps[0].response == "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
     assert [ro.outcome for ro in g.rollouts] == [1, -1]
     # E's generated problems are completed the same way
