@@ -9,7 +9,8 @@ and prints one JSON line; this script collects them and prints the tables. Parts
 
   ceiling   bf16 / fp32 matmul GFLOP/s → the model's tokens/s ceiling (2·N FLOPs per token)
   sampling  the transformers engine vs the vLLM engine on identical prompts (tok/s, % of ceiling), and vLLM's
-            start-up: first (compiling, on a machine's first run) and again (from its compile cache)
+            start-up twice: the second process starts from the compile cache, the first one too unless this
+            machine never compiled this engine (then it shows the compile)
   train     one PPO step on 8 × 512 tokens: the textbook fp32 full-logits baseline vs this
             project's update (bf16 autocast, chunked log-probs), + grad checkpointing, + LoRA,
             and next to a live vLLM engine (as in the loop); weight sync seconds
@@ -458,7 +459,7 @@ def main() -> None:
               [[r["dtype"], r["shape"], r["gflops"], r["gflop_per_token"], r["tok_s"]] for r in rows])
     if "sampling" in parts:
         rows = [r for e in kinds for r in run(py, "sampling", args, engine=e)]
-        if "vllm" in kinds:   # a second process: vLLM's start-up from its compile cache, as every run after the first
+        if "vllm" in kinds:   # a second process: vLLM's start-up from its compile cache, as for every run after a first
             rows += [r | {"engine": "vllm, started again"} for r in run(py, "sampling", args, engine="vllm")]
         base = next((r["tok_s"] for r in rows if r["engine"] == "hf"), float("nan"))
         nan = float("nan")
