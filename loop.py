@@ -192,6 +192,7 @@ def optimize(cfg: Config, trained: Trained, engine, samples, it: int, name: str)
                        steps=cfg.policy_steps if name == "policy" else cfg.rm_steps, target_kl=cfg.target_kl_of(name),
                        kl_beta=cfg.kl_beta, micro_batch=cfg.micro_batch, amp=cfg.amp and cfg.train_amp, seed=it,
                        log_ratio_clamp=cfg.log_ratio_clamp, warmup_steps=cfg.warmup_steps)
+    trained.saved = trained.saved and not stats   # no samples, no step: the checkpoint still holds this model
     engine.sync()
     release_memory()
     return {f"losses/{name}_{k}": v for k, v in stats.items()}
@@ -239,12 +240,16 @@ def evaluate(cfg, adapter, engines) -> dict:
 def build_models(cfg: Config, use_rm: bool, policy_init: str, rm_init: str, env_init: str = ""):
     """(name → Trained) for the trained P and R, plus the engines of P, R and the frozen E (only when
     `env_init` is given: E writes tasks in generate mode)."""
-    models = {}
+    models, dithered = {}, {}
     for name, init, lr, wanted in (("policy", policy_init, cfg.lr, True), ("reward_model", rm_init, cfg.rm_lr, use_rm)):
         if wanted:
             model, tok = load(init, cfg.seed)
             if cfg.amp and cfg.dither and not (cfg.resume or cfg.eval_only):   # a fresh run with a bf16 sampler
-                dither_off_bf16(model, cfg.seed)
+                if init in dithered:   # the same weights and seed dither the same: copy them (seconds on CPU)
+                    model.load_state_dict(dithered[init])
+                else:
+                    dither_off_bf16(model, cfg.seed)
+                    dithered[init] = model.state_dict()
             if cfg.lora_rank and not hasattr(model, "peft_config"):  # a resumed LoRA checkpoint has them already
                 model = add_lora(model, cfg.lora_rank)
             freeze_tower(model, train=cfg.train_vision)   # a vision-language model's vision tower; else nothing

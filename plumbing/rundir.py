@@ -160,7 +160,11 @@ class Run:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         for name, m in models.items():
-            save(m.model, m.tokenizer, tmp / name, None if dist.active() else m.optimizer)   # torchrun: see `finish`
+            if m.saved and not dist.active():   # not updated since the last checkpoint: link its files (R, most
+                shutil.copytree(self.ckpt / name, tmp / name, copy_function=os.link)   # iterations), no rewrite
+            else:
+                save(m.model, m.tokenizer, tmp / name, None if dist.active() else m.optimizer)   # torchrun: `finish`
+            m.saved = True
         (tmp / "env_state.json").write_text(json.dumps(env.slots_to_json(slots), indent=1))
 
     def commit(self, iteration: int) -> None:
@@ -251,7 +255,7 @@ def plot_curve(rows: list[dict], path: Path) -> None:
         ax.grid(alpha=0.3)
     for ax in axes.flat[len(panels):]:
         ax.axis("off")
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.06, right=0.98, bottom=0.03, top=0.98, hspace=0.3, wspace=0.15)  # tight_layout's cost
     fig.savefig(path, dpi=100)
     plt.close(fig)
 

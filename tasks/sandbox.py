@@ -736,8 +736,9 @@ def _resolve(requested: str | None) -> str:
 
 
 # What the runs of this process cost since the last `pop_stats`: how many, how many ran out of time and the
-# wall seconds those took, and the slowest run that passed (exit 0): how close a good program comes to the timeout.
-_NONE = {"runs": 0, "timeouts": 0, "timeout_seconds": 0.0, "slowest_ok_seconds": 0.0}
+# wall seconds those took, the slowest run that passed (exit 0): how close a good program comes to the timeout,
+# and the jobs answered by an identical job's run instead of a run of their own (`run_many`).
+_NONE = {"runs": 0, "timeouts": 0, "timeout_seconds": 0.0, "slowest_ok_seconds": 0.0, "reused": 0}
 _STATS = dict(_NONE)
 
 
@@ -764,21 +765,29 @@ def run_many(jobs: list[tuple[str, str]], *, timeout: float = 5.0, mem_mb: int =
              mode: str | None = None) -> list[RunResult]:
     """Run (code, stdin) jobs in parallel, `workers` at a time (default: the CPU count).
 
-    Results come back in job order. Each job is a `run_program` call; `pop_stats` counts them.
+    Results come back in job order. Identical jobs run once and share that run's result: a program's verdict on
+    an input is taken as a function of the two (G samples of a policy often write the same program, and every
+    program of a task runs on the same tests). Each distinct job is a `run_program` call; `pop_stats` counts
+    them, and the jobs that reused one.
     """
     if not jobs:
         return []
     m = _resolve(mode)
-    workers = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
+    distinct = list(dict.fromkeys(jobs))   # first occurrences, in order
+    workers = max(1, min(workers or os.cpu_count() or 1, len(distinct)))
 
     def one(job: tuple[str, str]) -> RunResult:
         code, stdin = job
         return _run(code, stdin, timeout=timeout, mem_mb=mem_mb, max_output=max_output, mode_=m)
 
     if workers == 1:
-        return _count([one(j) for j in jobs])
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sandbox") as pool:
-        return _count(list(pool.map(one, jobs)))
+        ran = [one(j) for j in distinct]
+    else:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sandbox") as pool:
+            ran = list(pool.map(one, distinct))
+    _STATS["reused"] += len(jobs) - len(distinct)
+    result = dict(zip(distinct, _count(ran)))
+    return [result[j] for j in jobs]
 
 
 # ----------------------------------------------------------------------------- report, leftovers

@@ -131,6 +131,32 @@ def test_loop_trains_policy_and_rm_on_mixed_groups(tmp_path, monkeypatch):
     assert any(not torch.equal(a, b) for a, b in zip(first, saved.parameters()))  # P moved
 
 
+def test_a_model_not_updated_since_the_last_checkpoint_is_linked_not_rewritten(tmp_path):
+    """R often has no samples in its band and takes no step: its checkpoint files are hard links of the previous
+    checkpoint's (same inode, same bytes); P, updated, is written afresh. Both read back as the models."""
+    cfg = config.Config(task="livebench", runs_dir=str(tmp_path), name="r")
+    trained = {}
+    for name in ("policy", "reward_model"):
+        model, tok = models.load("tiny", seed=0)
+        trained[name] = models.Trained(model, tok, loop.make_optimizer(model, 1e-3), model)
+    with rundir.Run(cfg) as run:
+        run.prepare(trained, {})
+        run.commit(0)
+        assert trained["policy"].saved and trained["reward_model"].saved
+        before = {n: (run.ckpt / n / "model.safetensors").stat().st_ino for n in trained}
+        with torch.no_grad():
+            trained["policy"].model.lm_head.weight.add_(1.0)
+        trained["policy"].saved = False   # what `loop.optimize` does after a step
+        run.prepare(trained, {})
+        run.commit(1)
+        after = {n: (run.ckpt / n / "model.safetensors").stat().st_ino for n in trained}
+    assert after["reward_model"] == before["reward_model"] and after["policy"] != before["policy"]
+    for name, m in trained.items():
+        back, _ = models.load(str(tmp_path / "r" / "ckpt" / name))
+        assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), m.model.state_dict().values()))
+        assert (tmp_path / "r" / "ckpt" / name / "optimizer.pt").exists()
+
+
 @pytest.mark.slow
 def test_sigkill_mid_iteration_then_resume(tmp_path):
     args = [*TINY, "--iterations", "3", "--runs-dir", str(tmp_path), "--name", "k", "--humaneval-limit", "0"]

@@ -278,7 +278,20 @@ def test_run_many_counts_runs_and_timeouts(mode):
     assert stats["runs"] == 3 and stats["timeouts"] == 1
     assert stats["timeout_seconds"] == results[1].seconds >= 1.0
     assert stats["slowest_ok_seconds"] == results[0].seconds > 0
-    assert sandbox.pop_stats() == {"runs": 0, "timeouts": 0, "timeout_seconds": 0.0, "slowest_ok_seconds": 0.0}
+    assert sandbox.pop_stats() == {"runs": 0, "timeouts": 0, "timeout_seconds": 0.0, "slowest_ok_seconds": 0.0,
+                                   "reused": 0}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_run_many_runs_identical_jobs_once(mode):
+    """A job equal to an earlier one (same program, same input) is answered by that run's result, in its place."""
+    sandbox.pop_stats()
+    jobs = [(ECHO, "a\n"), (ECHO, "b\n"), (ECHO, "a\n"), ("raise SystemExit(3)", ""), (ECHO, "a\n")]
+    results = run_many(jobs, timeout=2.0, workers=2, mode=mode)
+    assert [r.stdout for r in results] == ["a\n", "b\n", "a\n", "", "a\n"]
+    assert results[0] is results[2] is results[4] and results[3].returncode == 3
+    stats = sandbox.pop_stats()
+    assert stats["runs"] == 3 and stats["reused"] == 2
 
 
 def test_mode_detection_and_forcing(monkeypatch):
