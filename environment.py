@@ -31,6 +31,7 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import asdict, dataclass, field, replace
+from typing import NamedTuple
 
 from plumbing.engines import ANSWER_PREFIX, last_boxed, prefilled, render_chat
 from records import Group, Sampling, Task
@@ -149,17 +150,18 @@ def propose(requests: list[tuple[Slot, str, str]], adapter, mode: str, engine=No
     return result
 
 
+class Decision(NamedTuple):
+    """What E decided this iteration (`decide`)."""
+    train: list[Group]                     # the groups that train: active versions + accepted rewrites
+    asking: list[tuple[Slot, str, Group]]  # the slots that ask E for a rewrite: (slot, "harder" | "easier", group)
+    stats: dict   # counts, and claim 3's accepted_acc (mean a′ accepted now), rewritten_acc (of earlier rewrites)
+
+
 def decide(slots: dict[str, Slot], picked: list[tuple[str, Task]], groups: list[Group], *, low: float,
-           high: float) -> tuple[list[Group], list[tuple[Slot, str, Group]], dict]:
+           high: float) -> Decision:
     """docs/METHOD.md, step 4a: Eq. 4 for the pending rewrites rolled out this iteration, from their fresh
     accuracy, and Eq. 4's trigger for the active versions. A slot whose pending rewrite is decided now asks
-    for nothing until the next iteration (released code).
-
-    Returns (the groups that join this iteration's training data: active versions + accepted rewrites;
-    the slots that ask E for a rewrite, as (slot, "harder" | "easier", its group); counts for the log,
-    with the paper's Figure 1 view of E (claim 3): accepted_acc, the mean a′ of the rewrites accepted
-    now, and rewritten_acc, the accuracy of the active versions that are earlier accepted rewrites;
-    NaN where none)."""
+    for nothing until the next iteration (released code)."""
     stats = {"accepted": 0, "rejected": 0}
     train, asking, accepted_accs, rewritten_accs = [], [], [], []
     for (sid, task), g in zip(picked, groups):
@@ -182,7 +184,7 @@ def decide(slots: dict[str, Slot], picked: list[tuple[str, Task]], groups: list[
             if d := direction(g.acc, low, high):
                 asking.append((slot, d, g))
     stats["accepted_acc"], stats["rewritten_acc"] = _mean(accepted_accs), _mean(rewritten_accs)
-    return train, asking, stats
+    return Decision(train, asking, stats)
 
 
 def propose_rewrites(asking: list[tuple[Slot, str, Group]], adapter, mode: str, engine=None,

@@ -8,8 +8,8 @@ forged together, one iteration at a time.
     python loop.py --task maze                           # the teaching setting: learns in minutes on a CPU
 
 `train` is Algorithm 1; its body marks the 7 steps of one iteration (docs/METHOD.md, "One iteration").
-What a Table 1 row switches on is `config.ABLATIONS`: (use R's verdicts, train R, adapt the environment);
-`stepwise` (the paper's claim 2) also drops the outcome from P's reward.
+What a Table 1 row switches on is a `config.Row` in `config.ABLATIONS`: R's verdicts, R's training, E, and the
+outcome in P's reward (`stepwise`, the paper's claim 2, drops it), with the method rules that follow (GRPO's λ = 0).
 
 Defaults: the released code's method with sizes for a 2-core CPU (a 135M model, fewer tasks,
 smaller G and m, shorter generations). Every value is a flag, `--help` shows the released value
@@ -32,6 +32,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from plumbing import dist
 import environment as env
@@ -55,9 +56,9 @@ __all__ = ["ABLATIONS", "Config", "ConfigError", "describe", "parse_args", "trai
 
 def train(cfg: Config) -> Path:
     """Algorithm 1. A resumed run goes on after its last finished iteration (see rundir.Run)."""
-    use_rm, train_rm, adapt_env = ABLATIONS[cfg.ablation]
+    parts = ABLATIONS[cfg.ablation]   # which parts run: R's verdicts, R's training, E; the outcome in P's reward
     with Run(cfg) as run:
-        adapter, slots, models, engines, start = setup(cfg, run, use_rm, adapt_env)
+        adapter, slots, models, engines, start = setup(cfg, run, parts.use_rm, parts.adapt_env)
         for it in range(start + 1, cfg.iterations + 1):
             t_start, timings, synced, counted = time.perf_counter(), {}, sync_seconds(engines), engine_tokens(engines)
             seed_everything(iteration_seed(cfg, it) + dist.rank())  # a resumed run replays exactly
@@ -70,34 +71,34 @@ def train(cfg: Config) -> Path:
                 groups = adapter.rollout(dist.shard_tasks([t for _, t in picked]), cfg.group_size, engines["policy"],
                                          cfg)
             # 3. R judges every step m times (coding: writes m tests; every program runs on them)
-            if use_rm:
+            if parts.use_rm:
                 with stage(timings, "judge"):
                     adapter.judge(groups, engines["reward_model"], cfg)
             groups = dist.unshard(groups)   # every rank's groups, in the order of `picked`
             # 4. E decides the pending rewrites (Eq. 4) and proposes new ones for slots outside [α_low, α_high]
             train_groups, env_stats = [g for g, a in zip(groups, is_active) if a], {}
-            if adapt_env:
+            if parts.adapt_env:
                 with stage(timings, "environment"):
                     if dist.rank() == 0:   # E decides once; every rank gets its decisions on the next line
-                        train_groups, asking, env_stats = env.decide(slots, picked, groups, low=cfg.alpha_low,
-                                                                     high=cfg.alpha_high)
-                        env_stats |= env.propose_rewrites(asking, adapter, cfg.env_mode, engines.get("environment"),
-                                                          env_sampling(cfg), retries=cfg.env_retries, iteration=it)
+                        decision = env.decide(slots, picked, groups, low=cfg.alpha_low, high=cfg.alpha_high)
+                        train_groups, env_stats = decision.train, decision.stats | env.propose_rewrites(
+                            decision.asking, adapter, cfg.env_mode, engines.get("environment"), env_sampling(cfg),
+                            retries=cfg.env_retries, iteration=it)
                     slots, train_groups, env_stats = dist.broadcast((slots, train_groups, env_stats))
             # 5. Eq. 1-2 on every step, then P's samples and R's (Eq. 3), from this rank's share of the groups
             setting_stats = adapter.train_metrics(train_groups)   # every rank's groups (coding: R's funnel)
             train_groups = dist.shard_tasks(train_groups)
-            policy.score_steps(train_groups, lam=cfg.lam, keep_single=not cfg.zero_single,
-                               reward="stepwise" if cfg.ablation == "stepwise" else cfg.coding_reward)
-            p_samples = policy.policy_samples(train_groups, acc_range=(cfg.acc_lower, cfg.acc_upper),
+            policy.score_steps(train_groups, lam=parts.lam(cfg.lam), zero_single=cfg.zero_single,
+                               reward=parts.reward(cfg.coding_reward))
+            p_samples = policy.policy_samples(train_groups, acc_range=parts.acc_range(cfg.acc_lower, cfg.acc_upper),
                                               drop_zero=cfg.drop_zero_adv)
             r_samples = reward_model.rm_samples(train_groups, adapter.judge_kind, drop_zero=cfg.drop_zero_adv,
                                                 balance=cfg.rm_balance, norm=cfg.rm_norm,
-                                                wrong_cost=cfg.wrong_tests_cost) if train_rm else []
+                                                wrong_cost=cfg.wrong_tests_cost) if parts.train_rm else []
             # 6. update P, then R (Eq. 5)
             with stage(timings, "train_policy"):
                 stats = optimize(cfg, models["policy"], engines["policy"], p_samples, it, "policy")
-            if train_rm:
+            if parts.train_rm:
                 with stage(timings, "train_rm"):
                     stats |= optimize(cfg, models["reward_model"], engines["reward_model"], r_samples, it, "rm")
             # 7. log, evaluate every --eval-every iterations, checkpoint
@@ -135,9 +136,18 @@ def iteration_seed(cfg: Config, it: int) -> int:
     return cfg.seed * 100_003 + it
 
 
-def setup(cfg: Config, run: Run, use_rm: bool, adapt_env: bool):
+class Setup(NamedTuple):
+    """What a run starts from (`setup`)."""
+    adapter: tasks.Setting   # the setting
+    slots: dict              # E's slots: each task's active version, pending rewrite and history (environment.Slot)
+    models: dict             # "policy", "reward_model" → Trained
+    engines: dict            # "policy", "reward_model" (and "environment" in generate mode) → the sampling engines
+    start: int               # the last finished iteration (0 for a fresh run)
+
+
+def setup(cfg: Config, run: Run, use_rm: bool, adapt_env: bool) -> Setup:
     """The adapter, E's slots and the models, fresh or from the checkpoint; the initial eval (iteration 0)
-    of a fresh run. Returns (adapter, slots, models, engines, last finished iteration)."""
+    of a fresh run."""
     removed = sandbox.cleanup_stale()
     if removed:
         print(f"[loop] removed {removed} leftover sandbox folder(s) of killed runs")
@@ -158,7 +168,7 @@ def setup(cfg: Config, run: Run, use_rm: bool, adapt_env: bool):
     models, engines = build_models(cfg, use_rm, policy_init, rm_init, env_init)
     if cfg.resume:
         for name, m in models.items():
-            if m.optimizer is not None and not load_optimizer(m.optimizer, run.ckpt / name, m.trainer):
+            if m.optimizer is not None and not load_optimizer(m.optimizer, run.ckpt / name, m.module):
                 print(f"[loop] warning: {run.ckpt / name / 'optimizer.pt'} is missing: "
                       f"{name} goes on with a fresh AdamW state", flush=True)
     run.create(start)
@@ -173,7 +183,7 @@ def setup(cfg: Config, run: Run, use_rm: bool, adapt_env: bool):
             adapter.pop_timings()
             results |= sandbox_row()
         run.finish(0, results, models, slots)
-    return adapter, slots, models, engines, start
+    return Setup(adapter, slots, models, engines, start)
 
 
 def sandbox_row() -> dict:
@@ -185,10 +195,10 @@ def sandbox_row() -> dict:
 def optimize(cfg: Config, trained: Trained, engine, samples, it: int, name: str) -> dict:
     """Eq. 5 on one model (ppo.ppo_update), then sync its engine. With --fresh-optimizer (the released
     code) every iteration starts from a new AdamW; otherwise the run's optimizer carries its moments over."""
-    optimizer = trained.optimizer or make_optimizer(trained.trainer, cfg.lr if name == "policy" else cfg.rm_lr)
+    optimizer = trained.optimizer or make_optimizer(trained.module, cfg.lr if name == "policy" else cfg.rm_lr)
     if 0 < cfg.max_train_samples < len(samples):  # a compute budget per iteration, not in the paper
         samples = random.Random(iteration_seed(cfg, it)).sample(samples, cfg.max_train_samples)
-    stats = ppo_update(trained.trainer, optimizer, samples, trained.tokenizer.pad_token_id, clip_eps=cfg.clip_eps,
+    stats = ppo_update(trained.module, optimizer, samples, trained.tokenizer.pad_token_id, clip_eps=cfg.clip_eps,
                        steps=cfg.policy_steps if name == "policy" else cfg.rm_steps, target_kl=cfg.target_kl_of(name),
                        kl_beta=cfg.kl_beta, micro_batch=cfg.micro_batch, amp=cfg.amp and cfg.train_amp, seed=it,
                        log_ratio_clamp=cfg.log_ratio_clamp, warmup_steps=cfg.warmup_steps)
@@ -255,11 +265,11 @@ def build_models(cfg: Config, use_rm: bool, policy_init: str, rm_init: str, env_
             freeze_tower(model, train=cfg.train_vision)   # a vision-language model's vision tower; else nothing
             if cfg.grad_checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            trainer = model
+            module = model
             if dist.active():   # train a sharded copy; `model` keeps the full weights the engine samples from
-                trainer = copy.deepcopy(model)
-                trainer = dist.shard(LogProbs(trainer), trainer.get_decoder().layers, bf16=cfg.amp and cfg.train_amp)
-            models[name] = Trained(model, tok, None if cfg.fresh_optimizer else make_optimizer(trainer, lr), trainer)
+                module = copy.deepcopy(model)
+                module = dist.shard(LogProbs(module), module.get_decoder().layers, bf16=cfg.amp and cfg.train_amp)
+            models[name] = Trained(model, tok, None if cfg.fresh_optimizer else make_optimizer(module, lr), module)
     to_serve = {k: (m.model, m.tokenizer) for k, m in models.items()}
     if env_init:
         to_serve["environment"] = load(env_init, cfg.seed)
@@ -269,7 +279,7 @@ def build_models(cfg: Config, use_rm: bool, policy_init: str, rm_init: str, env_
     print(f"[loop] engine {cfg.engine}: {type(engines['policy']).__name__} for {', '.join(engines)} "
           f"(ready in {time.perf_counter() - t0:.0f}s)", flush=True)
     if dist.active():   # each rank samples from a full copy, refreshed from the shards after every update
-        engines |= {k: dist.Synced(engines[k], m.trainer) for k, m in models.items()}
+        engines |= {k: dist.Synced(engines[k], m.module) for k, m in models.items()}
     return models, engines
 
 
@@ -309,7 +319,6 @@ def eval_only(cfg: Config) -> None:
     print_table({k.removeprefix("eval/"): v for k, v in results.items()})
 
 
-
 # ───────────────────────────── helpers ─────────────────────────────
 
 @functools.cache
@@ -334,8 +343,7 @@ def release_memory() -> float:
 
 
 def _mean(xs) -> float:
-    xs = list(xs)
-    return sum(xs) / len(xs) if xs else float("nan")
+    return sum(xs) / len(xs) if (xs := list(xs)) else float("nan")   # the condition runs first
 
 
 def summary(it: int, row: dict) -> str:

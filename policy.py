@@ -9,7 +9,7 @@ S_{τ_i,j} are written by reward_model.py: `judge_steps` in the agent settings (
 
     >>> integrated_reward(+1, [1, -1, 1], lam=1.0)      # 1 + (1/3)·1
     1.3333333333333333
-    >>> step_advantages([[2.0, 1.0], [-2.0, -0.5, -2.0]], keep_single=True)
+    >>> step_advantages([[2.0, 1.0], [-2.0, -0.5, -2.0]], zero_single=False)
     [[1.0, 1.0], [-1.0, -1.0, -2.0]]
 """
 from __future__ import annotations
@@ -35,18 +35,18 @@ def zscore(values: list[float]) -> list[float] | None:
     return [(v - mean) / std for v in values]
 
 
-def step_advantages(rewards: list[list[float]], keep_single: bool) -> list[list[float]]:
+def step_advantages(rewards: list[list[float]], zero_single: bool) -> list[list[float]]:
     """Eq. 2: for each step index k, z-score R_{τ_k} over the rollouts of the group that reach step k.
 
     rewards[r][k] is rollout r's reward at step k. std ≈ 0 gives 0. A step index only one
     rollout reaches keeps its raw reward (reference code; the paper is silent), or 0
-    with keep_single=False.
+    with zero_single=True.
     """
     adv = [[0.0] * len(r) for r in rewards]
     for k in range(max(map(len, rewards), default=0)):
         rows = [r for r in range(len(rewards)) if len(rewards[r]) > k]
         if len(rows) == 1:
-            adv[rows[0]][k] = rewards[rows[0]][k] if keep_single else 0.0
+            adv[rows[0]][k] = 0.0 if zero_single else rewards[rows[0]][k]
             continue
         z = zscore([rewards[r][k] for r in rows])  # Eq. 2
         for r, value in zip(rows, z or [0.0] * len(rows)):
@@ -54,7 +54,7 @@ def step_advantages(rewards: list[list[float]], keep_single: bool) -> list[list[
     return adv
 
 
-def score_steps(groups: list[Group], *, lam: float, keep_single: bool, reward: str) -> None:
+def score_steps(groups: list[Group], *, lam: float, zero_single: bool, reward: str) -> None:
     """Eq. 1 → Eq. 2 on every step of every group: step.reward is R_{τ_i}, which R's consistency reward
     (Eq. 3) reads too, and step.advantage its z-score over the group (Eq. 2).
 
@@ -67,7 +67,7 @@ def score_steps(groups: list[Group], *, lam: float, keep_single: bool, reward: s
         rewards = [[ro.score if reward == "reference" else                                                   # Eq. 1
                     integrated_reward(0 if reward == "stepwise" else ro.outcome, st.verdicts, lam)
                     for st in ro.steps] for ro in g.rollouts]
-        adv = step_advantages(rewards, keep_single)                                                         # Eq. 2
+        adv = step_advantages(rewards, zero_single)                                                         # Eq. 2
         for ro, r_row, a_row in zip(g.rollouts, rewards, adv):
             for st, r, a in zip(ro.steps, r_row, a_row):
                 st.reward, st.advantage = r, a

@@ -1,20 +1,16 @@
 """Eq. 5 (paper §3.4, "Optimization"): the PPO-clip update with the k3 KL estimate, shared by P and R.
 
-The token log-probs come from plumbing/logprobs.py (packed micro-batches, chunked vocabulary projection, under bf16
-autocast where bf16 is native); the optimizer is AdamW with a constant learning rate.
-Under torchrun each rank updates on its own samples; `dist.Lockstep` keeps the ranks in step (the
-loss is averaged over every rank's sequences, and ranks with fewer micro-batches run zero-weight
-ones). Without torchrun it changes nothing.
+Token log-probs and micro-batches come from plumbing/logprobs.py (packed rows, a chunked vocabulary projection, bf16
+autocast where bf16 is native; under torchrun `dist.Lockstep` keeps the ranks in step and the loss is averaged over
+every rank's sequences). The optimizer is AdamW with a constant learning rate.
 """
 from __future__ import annotations
 
 import math
-import random
 
 import torch
 
-from plumbing import dist
-from plumbing.logprobs import Batch, LogProbs, collate, inputs, pack_order
+from plumbing.logprobs import Batch, LogProbs, inputs, mini_batches
 from records import Sample
 
 def token_loss(logp, logp_old, adv, clip_eps: float, log_ratio_clamp: float):
@@ -68,121 +64,122 @@ RELEASED = {"clip_eps": 0.2, "kl_beta": 0.01, "log_ratio_clamp": 10.0, "warmup_s
 def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: int, micro_batch: int, amp: bool,
                seed: int, clip_eps: float, kl_beta: float, log_ratio_clamp: float, warmup_steps: int,
                target_kl: float, max_grad_norm: float = 1.0, pack: bool = True) -> dict:
-    """Eq. 5: `steps` PPO-clip optimizer steps over this iteration's samples.
-
-    Per token t of sample i, with r = π_θ/π_old and the k3 KL estimator to π_old, the policy that
-    sampled the data (the weights before this update; no separate frozen reference model), as
-    `token_loss` computes them:
+    """Eq. 5: `steps` PPO-clip optimizer steps over this iteration's samples. Per token t of sample i, with
+    r = π_θ/π_old and the k3 KL estimate to π_old, the policy that sampled the data (the weights before this
+    update; no separate frozen reference model), as `token_loss` computes them:
         ℓ_t = −min(r·A_i, clip(r, 1−ε, 1+ε)·A_i) + β·(π_old/π_θ − log(π_old/π_θ) − 1)
-    The loss is the token-mean per sequence, then the mean over the mini-batch. Micro-batches are packed: the
-    responses to one prompt share its forward pass (`collate`; pack=False gives every sample a padded row).
-    "Old" log-probs are recomputed here by the trained model, never taken from the sampler; where the samples
-    carry the sampler's log-probs, the two are compared (`sampler_mismatch`).
+    The loss is the token-mean per sequence, then the mean over the mini-batch. "Old" log-probs are recomputed
+    here by the trained model, never taken from the sampler (`Diagnostics` compares the two).
 
-    The trust region (target_kl > 0; not in the released code, which keeps every step): when the whole
-    update's KL to π_old exceeds target_kl, the update is scaled back, θ ← θ_old + α·(θ − θ_old), with α
-    shrunk until the KL is at most target_kl (`line_search`). CleanRL's --target-kl only stops before a
-    further step; here the first step is the one that overshoots (AdamW's first step is a sign step).
-
-    Diagnostics returned: clipfrac and kl during the update, means over micro-batches of the token mean
-    (CleanRL's convention: the first mini-batch is on-policy, r = 1); entropy, π_old's entropy on the
-    trained response tokens; update_clipfrac and update_kl, π as the update leaves it against π_old, token
-    means over every trained token of every rank (one more forward pass): how far the whole update moved
-    π, whatever `steps` is; step_scale, the α kept (1 without a line search); sampler_abs_diff and sampler_kl,
-    the mean |log π_old − log π_sampler| and k3 KL(π_sampler ‖ π_old) over every trained token whose sampler
-    log-prob is known (0 when the engine samples the trained policy; a bf16 sampler, stale weights or an engine
-    bug show here); tokens_forward and tokens_backward, this rank's real tokens through forward and backward
-    passes (the work behind the stage's time: scripts/bench.py).
-    """
+    The trust region (target_kl > 0; not in the released code): an update whose KL to π_old exceeds target_kl is
+    scaled back into it (`line_search`). CleanRL's --target-kl only stops before a further step; here the first
+    step is the one that overshoots (AdamW's first step is a sign step). Returns `Diagnostics.summary` ({}: no
+    rank has a sample)."""
     lp = model if isinstance(model, LogProbs) else LogProbs(model)
-    device = next(lp.parameters()).device
-    samples = pack_order(samples)   # a prompt's responses together: they share its forward pass (`collate`)
-    micro = [samples[i:i + micro_batch] for i in range(0, len(samples), micro_batch)]
-    ranks = dist.Lockstep(micro, lambda batch: collate(batch, pad_id, device, pack),
-                          blank=[Sample([pad_id], [pad_id], 0.0)])
+    ranks, per_step = mini_batches(samples, pad_id, next(lp.parameters()).device, micro_batch, steps, seed, pack)
     if not ranks.sum(len(samples)):
         return {}
-    order = list(range(len(micro)))
-    random.Random(seed).shuffle(order)
-    per_step = [order[s::steps] for s in range(steps)]   # `steps` mini-batches of micro-batches
-    stats = {"loss": [], "clipfrac": [], "kl": [], "entropy": [], "grad_norm": []}
-    drift = torch.zeros(3)   # Σ |Δ|, Σ k3, tokens: the sampler against π_old (`sampler_mismatch`)
-
-    work = {"tokens_forward": 0, "tokens_backward": 0}   # real tokens through forward / backward passes (bench.py)
-
-    def record(name, values, mask):
-        stats[name].append(((values * mask).sum() / mask.sum().clamp(min=1)).item())
-
-    def set_old(k, b: Batch, logp, ent):
-        """π_old of micro-batch k, its entropy, and how far the sampler that drew its tokens was from it."""
-        old[k] = logp.detach()                                                        # [n, R]
-        if k is not None:
-            record("entropy", ent, b.mask)
-            abs_diff, k3 = sampler_mismatch(old[k], b.sampled)                        # [n, R] each
-            drift.add_(torch.stack([(abs_diff * b.sampled_mask).sum(), (k3 * b.sampled_mask).sum(),
-                                    b.sampled_mask.sum()]).cpu())
-
+    log = Diagnostics()
     lp.train()
     params = [p for p in lp.parameters() if p.requires_grad]
     start = [p.detach().clone() for p in params] if target_kl else []   # θ_old, for the line search
     old = {}   # π_old per micro-batch: a no-grad pass for those that train after the first optimizer step; the
     with torch.no_grad():   # first mini-batch's own forward pass gives its π_old (π_old = π_θ there: one pass saved)
         for k, b in ranks.batches([k for group in per_step[1:] for k in group]):
-            set_old(k, b, *lp(**inputs(b), amp=amp, entropy_at=b.mask.bool()))
-            work["tokens_forward"] += b.tokens
+            old[k] = log.old(k, b, *lp(**inputs(b), amp=amp, entropy_at=b.mask.bool()))
+            log.work["tokens_forward"] += b.tokens
     for group in per_step:
         n_seq = ranks.sequences(group)
         if not n_seq:
             continue
         optimizer.zero_grad(set_to_none=True)
         for k, b in ranks.batches(group):
-            if k not in old:   # on-policy
+            if k in old:
+                logp = lp(**inputs(b), amp=amp)                                           # [n, R]
+            else:   # on-policy: this pass is π_old
                 logp, ent = lp(**inputs(b), amp=amp, entropy_at=b.mask.bool())
-                set_old(k, b, logp, ent)
-            else:
-                logp = lp(**inputs(b), amp=amp)                         # [n, R]
+                old[k] = log.old(k, b, logp, ent)
             pg, kl, ratio = token_loss(logp, old[k], b.adv, clip_eps, log_ratio_clamp)  # [n, R] each
             per_seq = ((pg + kl_beta * kl) * b.mask).sum(-1) / b.mask.sum(-1).clamp(min=1)  # [n] token-mean
             ranks.backward(per_seq, k, n_seq)                                         # mean over the mini-batch
-            work["tokens_forward"] += b.tokens
-            work["tokens_backward"] += b.tokens
-            if k is None:
-                continue
-            with torch.no_grad():
-                stats["loss"].append(per_seq.mean().item())
-                record("clipfrac", clipped(ratio, clip_eps), b.mask)
-                record("kl", kl, b.mask)
-        norm = torch.nn.utils.clip_grad_norm_(lp.parameters(), max_grad_norm)
-        stats["grad_norm"].append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
+            log.step(k, b, per_seq, clipped(ratio, clip_eps), kl)
+        log.grad_norm(torch.nn.utils.clip_grad_norm_(lp.parameters(), max_grad_norm))
         warm_up(optimizer, warmup_steps)
         optimizer.step()
+    measure = lambda: update_size(lp, ranks, per_step, old, log, amp, clip_eps, log_ratio_clamp)  # noqa: E731
+    alpha, kl, clip = 1.0, *measure()
+    if target_kl and kl > target_kl:
+        alpha, kl, clip = line_search(params, start, measure, kl, target_kl)
+    lp.eval()
+    return log.summary(ranks, len(samples), alpha, kl, clip)
+
+
+@torch.no_grad()
+def update_size(lp, ranks, per_step, old: dict, log, amp: bool, clip_eps: float,
+                log_ratio_clamp: float) -> tuple[float, float]:
+    """(KL, clip fraction) of π now against π_old: token means over every trained token of every rank, from one
+    more forward pass: how far the whole update moved π, whatever the number of steps."""
+    kl_sum = clip_sum = tokens = 0.0
+    ranks.reshard(lp)        # the line search moves the shards in place: gather them afresh
+    for k, b in ranks.batches([k for group in per_step for k in group]):
+        logp = lp(**inputs(b), amp=amp)                                              # [n, R]
+        log.work["tokens_forward"] += b.tokens
+        if k is not None:
+            _, kl, ratio = token_loss(logp, old[k], b.adv, clip_eps, log_ratio_clamp)
+            kl_sum += (kl * b.mask).sum().item()
+            clip_sum += (clipped(ratio, clip_eps) * b.mask).sum().item()
+            tokens += b.mask.sum().item()
+    tokens = max(ranks.sum(tokens), 1)
+    return ranks.sum(kl_sum) / tokens, ranks.sum(clip_sum) / tokens
+
+
+class Diagnostics:
+    """What `ppo_update` logs. clipfrac and kl during the update, means over micro-batches of the token mean
+    (CleanRL's convention: the first mini-batch is on-policy, r = 1); entropy, π_old's entropy on the trained
+    response tokens; update_clipfrac and update_kl, π as the update leaves it against π_old (`update_size`);
+    step_scale, the α the line search kept (1 without one); sampler_abs_diff and sampler_kl, the mean
+    |log π_old − log π_sampler| and k3 KL(π_sampler ‖ π_old) over every trained token whose sampler log-prob is
+    known (0 when the engine samples the trained policy; a bf16 sampler, stale weights or an engine bug show
+    here); tokens_forward and tokens_backward, this rank's real tokens through forward and backward passes
+    (scripts/bench.py). Blank micro-batches (`dist.Lockstep`, key None) count work only."""
+
+    def __init__(self):
+        self.stats = {"loss": [], "clipfrac": [], "kl": [], "entropy": [], "grad_norm": []}
+        self.drift = torch.zeros(3)   # Σ |Δ|, Σ k3, tokens: the sampler against π_old (`sampler_mismatch`)
+        self.work = {"tokens_forward": 0, "tokens_backward": 0}
+
+    def mean(self, name: str, values, mask) -> None:
+        self.stats[name].append(((values * mask).sum() / mask.sum().clamp(min=1)).item())
+
+    def old(self, k, b: Batch, logp, ent):
+        """Micro-batch k's π_old (returned, detached), its entropy, and how far the sampler was from it."""
+        logp = logp.detach()                                                          # [n, R]
+        if k is not None:
+            self.mean("entropy", ent, b.mask)
+            abs_diff, k3 = sampler_mismatch(logp, b.sampled)                          # [n, R] each
+            self.drift.add_(torch.stack([(abs_diff * b.sampled_mask).sum(), (k3 * b.sampled_mask).sum(),
+                                         b.sampled_mask.sum()]).cpu())
+        return logp
 
     @torch.no_grad()
-    def update_size() -> tuple[float, float]:
-        """(KL, clip fraction) of π now against π_old: token means over every trained token of every rank."""
-        kl_sum = clip_sum = tokens = 0.0
-        ranks.reshard(lp)        # the line search moves the shards in place: gather them afresh
-        for k, b in ranks.batches([k for group in per_step for k in group]):
-            logp = lp(**inputs(b), amp=amp)                          # [n, R]
-            work["tokens_forward"] += b.tokens
-            if k is not None:
-                _, kl, ratio = token_loss(logp, old[k], b.adv, clip_eps, log_ratio_clamp)
-                kl_sum += (kl * b.mask).sum().item()
-                clip_sum += (clipped(ratio, clip_eps) * b.mask).sum().item()
-                tokens += b.mask.sum().item()
-        tokens = max(ranks.sum(tokens), 1)
-        return ranks.sum(kl_sum) / tokens, ranks.sum(clip_sum) / tokens
+    def step(self, k, b: Batch, per_seq, clip, kl) -> None:
+        self.work["tokens_forward"] += b.tokens
+        self.work["tokens_backward"] += b.tokens
+        if k is not None:
+            self.stats["loss"].append(per_seq.mean().item())
+            self.mean("clipfrac", clip, b.mask)
+            self.mean("kl", kl, b.mask)
 
-    alpha, kl, clip = 1.0, *update_size()
-    if target_kl and kl > target_kl:
-        alpha, kl, clip = line_search(params, start, update_size, kl, target_kl)
-    stats["step_scale"], stats["update_kl"], stats["update_clipfrac"] = [alpha], [kl], [clip]
-    if (known := ranks.sum(drift[2].item())) > 0:   # token means over every rank's tokens with a sampler log-prob
-        stats["sampler_abs_diff"], stats["sampler_kl"] = [ranks.sum(drift[0].item()) / known], \
-            [ranks.sum(drift[1].item()) / known]
-    lp.eval()
-    return {k: sum(v) / len(v) for k, v in stats.items() if v} | {"samples": len(samples),
-                                                                   "steps": len(stats["grad_norm"])} | work
+    def grad_norm(self, norm) -> None:   # a DTensor under FSDP2
+        self.stats["grad_norm"].append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
+
+    def summary(self, ranks, samples: int, alpha: float, kl: float, clip: float) -> dict:
+        self.stats["step_scale"], self.stats["update_kl"], self.stats["update_clipfrac"] = [alpha], [kl], [clip]
+        if (known := ranks.sum(self.drift[2].item())) > 0:   # token means over every rank's sampled tokens
+            self.stats["sampler_abs_diff"] = [ranks.sum(self.drift[0].item()) / known]
+            self.stats["sampler_kl"] = [ranks.sum(self.drift[1].item()) / known]
+        means = {k: sum(v) / len(v) for k, v in self.stats.items() if v}
+        return means | {"samples": samples, "steps": len(self.stats["grad_norm"])} | self.work
 
 
 @torch.no_grad()

@@ -1,11 +1,9 @@
-"""R, the generative reward model, and its consistency feedback (Eq. 3).
-Paper §3.2, "Reward model: consistency feedback", and §4.2 for the coding setting.
+"""R, the generative reward model, and its consistency feedback (Eq. 3): paper §3.2, and §4.2 for coding.
 
-R is an LLM. In agent settings it reads one policy step and writes a short reasoning
-ending in \\boxed{1} (good step) or \\boxed{-1} (bad step), m times per step. In the
-coding setting it writes unit tests instead (one test per sample). Either way it is
-trained with the same PPO loss as P (Eq. 5) on its whole output, with a reward that
-measures how consistent each judgment is with the outcome and its siblings:
+R is an LLM. In agent settings it reads one policy step and writes a short reasoning ending in \\boxed{1} (good step)
+or \\boxed{-1} (bad step), m times per step; in coding it writes unit tests (one test per sample). Either way it is
+trained with P's PPO loss (Eq. 5) on its whole output, with a reward that measures how consistent each judgment
+is with the outcome and its siblings:
 
     >>> consistency_rewards(-0.5, [1, 0])     # docs/METHOD.md worked example, step B·1
     [1.0, -1.0]
@@ -29,33 +27,15 @@ _TEST = re.compile(r"input[^\n\w]*\s*(?:```[^\n`]*\n(?P<fin>.*?)```|(?P<pin>.*?)
                    r"(?:\*\*|#+\s*)?(?:expected\s+)?output[^\n\w]*\s*(?:```[^\n`]*\n(?P<fout>.*?)```|(?P<pout>[^\n]*))",
                    re.DOTALL | re.IGNORECASE)
 
+
+# ── R judges: verdicts on steps (agent settings), unit tests (coding) ──
+
 def parse_verdict(text: str) -> int:
     """+1 or −1 when the text holds exactly one \\boxed{} and it is 1, +1 or −1; else 0."""
     boxes = boxed(text)
     if len(boxes) != 1:
         return 0
     return {"1": 1, "+1": 1, "-1": -1}.get(boxes[0].strip(), 0)
-
-
-def write_tests(groups: list[Group], prompts: list[str], engine, cfg, prefix: str) -> list[list[tuple[str, str] | None]]:
-    """R in coding: m unit tests per task, one chat prompt per group (what R reads: the problem), in one
-    batched call; `prefix` starts each test. Fills group.tests; returns each test parsed (`parse_test`,
-    None when malformed). The verdicts S_j follow once every program has run on them (`verdicts_from_tests`)."""
-    outs = prefilled(engine, prompts, prefix, n=cfg.m, temperature=cfg.rm_temperature, top_p=cfg.rm_top_p,
-                     max_new_tokens=cfg.rm_max_new_tokens, desc="R writes tests")
-    for g, tests in zip(groups, outs):
-        g.tests = tests
-    return [[parse_test(c.text) for c in tests] for tests in outs]
-
-
-def verdicts_from_tests(parsed: list, passes: list[bool]) -> list[int]:
-    """S_{τ,j} of one program in coding: +1 when it passes R's test j, −1 when it fails it, 0 when test j is
-    malformed (Eq. 1 counts a 0 in m).
-
-        >>> verdicts_from_tests([("1\\n", "2\\n"), None, ("2\\n", "3\\n")], [True, False, False])
-        [1, 0, -1]
-    """
-    return [0 if t is None else (1 if ok else -1) for t, ok in zip(parsed, passes)]
 
 
 def judge_steps(groups: list[Group], engine, cfg, prefix: str) -> None:
@@ -71,6 +51,42 @@ def judge_steps(groups: list[Group], engine, cfg, prefix: str) -> None:
         st.judgments = judgments
         st.verdicts = [parse_verdict(c.text) for c in judgments]  # S_{τ_i,j} ∈ {+1, −1, 0}
 
+
+def write_tests(groups: list[Group], prompts: list[str], engine, cfg, prefix: str) -> list[list[tuple[str, str] | None]]:
+    """R in coding: m unit tests per task, one chat prompt per group (what R reads: the problem), in one
+    batched call; `prefix` starts each test. Fills group.tests; returns each test parsed (`parse_test`,
+    None when malformed). The verdicts S_j follow once every program has run on them (`verdicts_from_tests`)."""
+    outs = prefilled(engine, prompts, prefix, n=cfg.m, temperature=cfg.rm_temperature, top_p=cfg.rm_top_p,
+                     max_new_tokens=cfg.rm_max_new_tokens, desc="R writes tests")
+    for g, tests in zip(groups, outs):
+        g.tests = tests
+    return [[parse_test(c.text) for c in tests] for tests in outs]
+
+
+def parse_test(text: str) -> tuple[str, str] | None:
+    """R's generated test → (stdin, expected stdout), from the first "Input: … Output: …" pair, each
+    part fenced or inline (a fenced output may span lines, an inline one is one line). None when malformed."""
+    m = _TEST.search(text)
+    if not m:
+        return None
+    stdin = (m["fin"] if m["fin"] is not None else m["pin"]).strip("\n` ")
+    out = (m["fout"] if m["fout"] is not None else m["pout"]).strip("\n` ")
+    if not stdin.strip() or not out.strip():
+        return None
+    return stdin + "\n", out + "\n"
+
+
+def verdicts_from_tests(parsed: list, passes: list[bool]) -> list[int]:
+    """S_{τ,j} of one program in coding: +1 when it passes R's test j, −1 when it fails it, 0 when test j is
+    malformed (Eq. 1 counts a 0 in m).
+
+        >>> verdicts_from_tests([("1\\n", "2\\n"), None, ("2\\n", "3\\n")], [True, False, False])
+        [1, 0, -1]
+    """
+    return [0 if t is None else (1 if ok else -1) for t, ok in zip(parsed, passes)]
+
+
+# ── Eq. 3: R's consistency reward, and R's training samples ──
 
 def consistency_raw(step_reward: float, verdicts: list[int]) -> list[float]:
     """Eq. 3's raw rewards of one step's m judgments: R_{S_j} = R_{τ_i} · S_j, −2 when S_j is unparseable."""
@@ -125,18 +141,52 @@ def unit_test_rewards(gt_pass: list[bool], passes: list[list[bool]], *, wrong_co
     return zscore(raw) if raw else None
 
 
-def parse_test(text: str) -> tuple[str, str] | None:
-    """R's generated test → (stdin, expected stdout), from the first "Input: … Output: …" pair, each
-    part fenced or inline (a fenced output may span lines, an inline one is one line). None when malformed."""
-    m = _TEST.search(text)
-    if not m:
-        return None
-    stdin = (m["fin"] if m["fin"] is not None else m["pin"]).strip("\n` ")
-    out = (m["fout"] if m["fout"] is not None else m["pout"]).strip("\n` ")
-    if not stdin.strip() or not out.strip():
-        return None
-    return stdin + "\n", out + "\n"
+def rm_samples(groups: list[Group], kind: str, *, acc_range: tuple[float, float] = RM_ACC_RANGE,
+               drop_zero: bool, balance: bool, norm: str, wrong_cost: bool) -> list[Sample]:
+    """Training samples for R from one iteration. Eq. 3 reads each step's reward R_{τ_i}, step.reward (set by
+    policy.score_steps). Only tasks with acc in acc_range feed R, in every setting (released code: [0.2, 0.8]):
+    a task with no success or no failure gives R nothing to be consistent with.
+    kind="steps": Eq. 3 per step.  kind="tests": the coding test-writer reward per task (`unit_test_rewards`).
+    Samples with advantage 0 are dropped when drop_zero, as for the policy. Not in the paper, kind "steps" only:
+    balance (--rm-balance), steps with R_τ > 0 and the others carry equal total weight (`balance_weights`);
+    norm (--rm-norm), "step" z-scores each step's m rewards (Eq. 3), "batch" all at once (`batch_consistency_rewards`).
+    """
+    pairs, steps = [], []   # (R's m outputs for one step or task, their rewards, the step's R_τ); (step, R_τ)
+    for g in groups:
+        if not acc_range[0] <= g.acc <= acc_range[1]:
+            continue
+        if kind == "tests":
+            gt_pass = [ro.outcome > 0 for ro in g.rollouts]
+            pairs.append((g.tests, unit_test_rewards(gt_pass, g.test_passes, wrong_cost=wrong_cost), 0.0))
+        else:
+            steps += [(st, st.reward) for ro in g.rollouts for st in ro.steps]
+    if norm == "batch":
+        advs = batch_consistency_rewards([(r, st.verdicts) for st, r in steps]) or [None] * len(steps)
+    else:
+        advs = [consistency_rewards(r, st.verdicts) for st, r in steps]                       # Eq. 3
+    pairs += [(st.judgments, adv, r) for (st, r), adv in zip(steps, advs)]
+    pairs = [(outs, adv, r) for outs, adv, r in pairs if adv]
+    weights = balance_weights([r > 0 for _, _, r in pairs]) if balance and kind == "steps" else [1.0] * len(pairs)
+    return [Sample(c.prompt_ids, c.ids, w * a, c.vision, c.logprobs) for (outs, adv, _), w in zip(pairs, weights)
+            for c, a in zip(outs, adv) if not (drop_zero and a == 0)]
 
+
+def balance_weights(positive: list[bool]) -> list[float]:
+    """Per step, n / (2·n_c) for its class c (R_τ > 0 or not) among the n steps that train R, so each
+    class carries half the weight (1 for every step while a class is empty). When most rollouts fail,
+    most steps have R_τ < 0 and a plain Eq. 3 pays "−1" on most of them: R can learn the constant
+    verdict −1 (docs/STUDIES.md, the maze study).
+
+    >>> balance_weights([True, False, False])
+    [1.5, 0.75, 0.75]
+    """
+    n, n_pos = len(positive), sum(positive)
+    if n_pos in (0, n):
+        return [1.0] * n
+    return [n / (2 * n_pos) if p else n / (2 * (n - n_pos)) for p in positive]
+
+
+# ── R's metrics (paper Table 1) ──
 
 def majority(verdicts: list[int]) -> int:
     """R's majority verdict over its m judgments of a step: the sign of their sum (0 on a tie)."""
@@ -169,6 +219,8 @@ def agent_metrics(rollouts) -> dict:
             "process_bacc": sum(recalls) / len(recalls) if recalls else nan,
             "outcome_acc": outcome_hits / len(scored) if scored else nan}
 
+
+# ── Theorem 1 ──
 
 def theorem1(good: list[list[int]], bad: list[list[int]], m: int) -> dict:
     """Theorem 1's quantities for R, from its m verdicts on steps of two classes: `good` (steps of successful
@@ -220,52 +272,3 @@ def theorem1_metrics(rollouts, m: int, labels: bool) -> dict:
         out |= {f"thm1_label_{k}": v for k, v in theorem1([st.verdicts for st, _ in steps if st.label == 1],
                                                           [st.verdicts for st, _ in steps if st.label == -1], m).items()}
     return out
-
-
-def rm_samples(groups: list[Group], kind: str, *, acc_range: tuple[float, float] = RM_ACC_RANGE,
-               drop_zero: bool, balance: bool, norm: str, wrong_cost: bool) -> list[Sample]:
-    """Training samples for R from one iteration. Eq. 3 reads each step's reward R_{τ_i}, step.reward
-    (set by policy.score_steps).
-
-    Only tasks with acc in acc_range feed R, in every setting (released code: [0.2, 0.8]): a task with
-    no success or no failure gives R nothing to be consistent with.
-    kind="steps": Eq. 3 per step.  kind="tests": the coding test-writer reward per task (`unit_test_rewards`).
-    Samples with advantage 0 are dropped when drop_zero, as for the policy.
-    balance (kind "steps"; not in the paper, --rm-balance): steps whose reward R_τ is positive and
-    steps whose reward is not carry equal total weight, see `balance_weights`.
-    norm (kind "steps"): "step" z-scores each step's m rewards (Eq. 3); "batch" z-scores all of them at once
-    (not in the paper, --rm-norm batch: `batch_consistency_rewards`).
-    """
-    pairs, steps = [], []   # (R's m outputs for one step or task, their rewards, the step's R_τ); (step, R_τ)
-    for g in groups:
-        if not acc_range[0] <= g.acc <= acc_range[1]:
-            continue
-        if kind == "tests":
-            gt_pass = [ro.outcome > 0 for ro in g.rollouts]
-            pairs.append((g.tests, unit_test_rewards(gt_pass, g.test_passes, wrong_cost=wrong_cost), 0.0))
-        else:
-            steps += [(st, st.reward) for ro in g.rollouts for st in ro.steps]
-    if norm == "batch":
-        advs = batch_consistency_rewards([(r, st.verdicts) for st, r in steps]) or [None] * len(steps)
-    else:
-        advs = [consistency_rewards(r, st.verdicts) for st, r in steps]                       # Eq. 3
-    pairs += [(st.judgments, adv, r) for (st, r), adv in zip(steps, advs)]
-    pairs = [(outs, adv, r) for outs, adv, r in pairs if adv]
-    weights = balance_weights([r > 0 for _, _, r in pairs]) if balance and kind == "steps" else [1.0] * len(pairs)
-    return [Sample(c.prompt_ids, c.ids, w * a, c.vision, c.logprobs) for (outs, adv, _), w in zip(pairs, weights)
-            for c, a in zip(outs, adv) if not (drop_zero and a == 0)]
-
-
-def balance_weights(positive: list[bool]) -> list[float]:
-    """Per step, n / (2·n_c) for its class c (R_τ > 0 or not) among the n steps that train R, so each
-    class carries half the weight (1 for every step while a class is empty). When most rollouts fail,
-    most steps have R_τ < 0 and a plain Eq. 3 pays "−1" on most of them: R can learn the constant
-    verdict −1 (docs/STUDIES.md, the maze study).
-
-    >>> balance_weights([True, False, False])
-    [1.5, 0.75, 0.75]
-    """
-    n, n_pos = len(positive), sum(positive)
-    if n_pos in (0, n):
-        return [1.0] * n
-    return [n / (2 * n_pos) if p else n / (2 * (n - n_pos)) for p in positive]

@@ -21,13 +21,37 @@ from plumbing.engines import ENGINES
 from plumbing.models import bf16_fast
 from plumbing.vision import names_vlm
 
-ABLATIONS = {  # paper Table 1 rows: (use R's verdicts, train R, adapt the environment)
-    "grpo": (False, False, False),          # outcome-only GRPO: no R, λ = 0
-    "policy": (True, False, False),         # integrated feedback, R frozen, environment fixed
-    "policy_reward": (True, True, False),   # + R trained by consistency feedback
-    "full": (True, True, True),             # + environment adaptation: the full method
-    "stepwise": (True, False, False),       # claim 2: P on R's step-wise verdicts alone (Eq. 1 without O), R frozen
-}                                           # (give it a trained one: --rm-model), no outcome label in P's training
+@dataclass(frozen=True)
+class Row:
+    """A row of the paper's Table 1: which parts of Algorithm 1 run, and the method rules that follow from them."""
+    use_rm: bool            # R judges P's steps, and its verdicts S enter P's reward (Eq. 1)
+    train_rm: bool          # R is trained by consistency feedback (Eq. 3)
+    adapt_env: bool         # E rewrites tasks harder or easier (Eq. 4)
+    outcome: bool = True    # the outcome O enters P's reward (Eq. 1); without it P learns from R's verdicts alone
+
+    def lam(self, lam: float) -> float:
+        """Eq. 1's λ: the run's, or 0 when no R judges (outcome-only GRPO)."""
+        return lam if self.use_rm else 0.0
+
+    def acc_range(self, low: float, high: float) -> tuple[float, float]:
+        """P's accuracy filter, on the outcomes: the run's range, or off when P's reward holds no outcome (its
+        training data then carries no outcome label at all)."""
+        return (low, high) if self.outcome else (0.0, 1.0)
+
+    def reward(self, setting_reward: str) -> str:
+        """policy.score_steps' reward: the setting's (coding: integrated or the released reference), or Eq. 1
+        without O ("stepwise")."""
+        return setting_reward if self.outcome else "stepwise"
+
+
+ABLATIONS = {   # the paper's Table 1 rows, and claim 2's
+    "grpo": Row(use_rm=False, train_rm=False, adapt_env=False),          # outcome-only GRPO: no R, λ = 0
+    "policy": Row(use_rm=True, train_rm=False, adapt_env=False),         # integrated feedback, R frozen, E fixed
+    "policy_reward": Row(use_rm=True, train_rm=True, adapt_env=False),   # + R trained by consistency feedback
+    "full": Row(use_rm=True, train_rm=True, adapt_env=True),             # + E adapting the tasks: the full method
+    # claim 2: P on R's step-wise verdicts alone, R frozen (give it a trained one: --rm-model)
+    "stepwise": Row(use_rm=True, train_rm=False, adapt_env=False, outcome=False),
+}
 
 
 def opt(default, help: str, **kw):
@@ -56,7 +80,7 @@ class Config:
                  "(torchrun reads --m as an abbreviation of its own flags)", aliases=["--judgments"])
     preset: str = opt("", "reference: the released code's configuration for this setting, method and scale "
                       "(see docs/METHOD.md); flags given on the command line still win", choices=["", "reference"])
-    lam: float = opt(1.0, "λ of Eq. 1 (forced to 0 by --ablation grpo)")
+    lam: float = opt(1.0, "λ of Eq. 1 (0 under --ablation grpo: config.Row.lam)")
     zero_single: bool = opt(False, "Eq. 2: zero a step index only one rollout reaches (default keeps its raw reward)")
     coding_reward: str = opt("integrated", "coding policy reward: integrated (Eq. 1: outcome + R's tests) or reference "
                              "(the released code: share of GT tests passed, z-scored)", choices=["integrated", "reference"])
@@ -328,10 +352,6 @@ def parse_args(argv=None) -> Config:
             except (json.JSONDecodeError, TypeError, UnicodeDecodeError) as e:
                 raise ConfigError(f"{saved} is damaged ({type(e).__name__}); fix or remove it") from None
     validate(cfg)
-    if cfg.ablation == "grpo":
-        cfg.lam = 0.0
-    if cfg.ablation == "stepwise":   # the accuracy filter reads the outcomes: off, so P's data holds no outcome label
-        cfg.acc_lower, cfg.acc_upper = 0.0, 1.0
     if cfg.task == "osworld" and not cfg.screenshots and any(map(names_vlm, (cfg.model, cfg.rm_model or cfg.model))):
         print("[loop] a vision-language model reads the screen: recording screenshots (--screenshots)")
         cfg.screenshots = True

@@ -9,12 +9,13 @@ have in a row of its own (tests/test_models.py checks both ways give the same up
 """
 from __future__ import annotations
 
+import random
 from typing import NamedTuple
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from plumbing import vision
+from plumbing import dist, vision
 from plumbing.models import amp_context
 from records import Sample
 
@@ -91,6 +92,20 @@ def collate(samples: list[Sample], pad_id: int, device, pack: bool = True) -> Ba
     return Batch(ids.to(device), attention.to(device), None if positions is None else positions.to(device),
                  src.to(device), tgt.to(device), mask.to(device), adv.to(device), [s.vision for s in samples],
                  sampled.to(device), sampled_mask.to(device), int((segment >= 0).sum()))
+
+
+def mini_batches(samples: list[Sample], pad_id: int, device, micro_batch: int, steps: int, seed: int, pack: bool):
+    """The update's data: micro-batches of `micro_batch` samples, a prompt's responses together so that they share
+    its forward pass (`collate`; pack=False gives every sample a padded row), kept in step over the ranks
+    (`dist.Lockstep`: ranks with fewer micro-batches run zero-weight ones), and the micro-batches of each of the
+    `steps` mini-batches, shuffled by `seed`. Returns (the Lockstep, a list of micro-batch indices per step)."""
+    samples = pack_order(samples)
+    micro = [samples[i:i + micro_batch] for i in range(0, len(samples), micro_batch)]
+    ranks = dist.Lockstep(micro, lambda batch: collate(batch, pad_id, device, pack),
+                          blank=[Sample([pad_id], [pad_id], 0.0)])
+    order = list(range(len(micro)))
+    random.Random(seed).shuffle(order)
+    return ranks, [order[s::steps] for s in range(steps)]
 
 
 def inputs(b: Batch) -> dict:

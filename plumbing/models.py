@@ -223,12 +223,12 @@ def tiny_model(seed: int = 0):
 class Trained:
     """One model the loop trains (P or R): the full weights the engine samples from and the checkpoint saves,
     its tokenizer, its AdamW (None with --fresh-optimizer: a new one every iteration), and the module Eq. 5
-    updates, `trainer`: the model itself, or under torchrun its FSDP2-sharded copy (plumbing/dist.py). `saved`:
+    updates, `module`: the model itself, or under torchrun its FSDP2-sharded copy (plumbing/dist.py). `saved`:
     the checkpoint holds these weights and this optimizer state (no update since it was written)."""
     model: torch.nn.Module
     tokenizer: object
     optimizer: torch.optim.Optimizer | None
-    trainer: torch.nn.Module
+    module: torch.nn.Module
     saved: bool = False
 
 

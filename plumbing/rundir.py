@@ -102,7 +102,7 @@ class Run:
                 dist.barrier()   # ... once rank 0 has recreated ckpt.tmp, or its rmtree races their mkdirs
                 for name, m in models.items():
                     if m.optimizer is not None:
-                        dist.save_optimizer(m.trainer, m.optimizer, self.dir / "ckpt.tmp" / name / "optimizer")
+                        dist.save_optimizer(m.module, m.optimizer, self.dir / "ckpt.tmp" / name / "optimizer")
         if not self.writer:
             return
         if t_start is not None:

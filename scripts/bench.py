@@ -260,7 +260,7 @@ def m_ours_grpo(args) -> None:
 
     def iteration():
         groups = adapter.rollout(tasks, 8, engine, cfg)
-        policy.score_steps(groups, lam=0.0, keep_single=True, reward="integrated")  # Eq. 2 advantages, outcome only
+        policy.score_steps(groups, lam=0.0, zero_single=False, reward="integrated")  # Eq. 2 advantages, outcome only
         # every completion trains, as in TRL (the loop itself skips zero-advantage samples: less work)
         samples = [records.Sample(st.prompt_ids, st.response_ids, st.advantage)
                    for g in groups for ro in g.rollouts for st in ro.steps]

@@ -234,23 +234,37 @@ def contrasts(args, runs: dict) -> str:
         if a not in args.rows or b not in args.rows:
             continue
         for col in cols:
-            per_seed = {}
-            for s in range(args.seeds):
-                ea, eb = last_eval(runs.get((a, s), [])), last_eval(runs.get((b, s), []))
-                ta, tb = ea.get(col + "_tasks"), eb.get(col + "_tasks")
-                if ta is not None and tb is not None and len(ta) == len(tb) and ea["iteration"] == eb["iteration"]:
-                    d, se = tasks.paired_gain(tb, ta)          # (before, after) = (B, A): the mean of A_i − B_i
-                    if not math.isnan(d):
-                        per_seed[s] = (100 * d, 100 * se)
+            per_seed = paired_contrast(runs, a, b, col, args.seeds)
             if not per_seed:
                 continue
-            ds = [d for d, _ in per_seed.values()]
-            between = f"{statistics.stdev(ds) / math.sqrt(len(ds)):.1f}" if len(ds) > 1 else "-"
-            within = math.sqrt(sum(se ** 2 for _, se in per_seed.values())) / len(ds)
+            mean, between, within = over_seeds(per_seed)
             seeds = [f"{per_seed[s][0]:+.1f} ± {per_seed[s][1]:.1f}" if s in per_seed else "-" for s in range(args.seeds)]
-            lines.append(f"| {a} − {b} | {col.removeprefix('eval/')} | " + " | ".join(seeds)
-                         + f" | {statistics.fmean(ds):+.1f} | {between} | {within:.1f} |")
+            lines.append(f"| {a} − {b} | {col.removeprefix('eval/')} | " + " | ".join(seeds) + f" | {mean:+.1f} | "
+                         + ("-" if math.isnan(between) else f"{between:.1f}") + f" | {within:.1f} |")
     return "\n".join(lines)
+
+
+def paired_contrast(runs: dict, a: str, b: str, col: str, seeds: int) -> dict:
+    """seed → (A − B, its SE) in %, row A against row B on eval column `col` at their last eval, paired over the
+    eval tasks (tasks.paired_gain); seeds where either row is missing or they stopped at different iterations are
+    left out."""
+    per_seed = {}
+    for s in range(seeds):
+        ea, eb = last_eval(runs.get((a, s), [])), last_eval(runs.get((b, s), []))
+        ta, tb = ea.get(col + "_tasks"), eb.get(col + "_tasks")
+        if ta is not None and tb is not None and len(ta) == len(tb) and ea["iteration"] == eb["iteration"]:
+            d, se = tasks.paired_gain(tb, ta)          # (before, after) = (B, A): the mean of A_i − B_i
+            if not math.isnan(d):
+                per_seed[s] = (100 * d, 100 * se)
+    return per_seed
+
+
+def over_seeds(per_seed: dict) -> tuple[float, float, float]:
+    """(mean, SE between seeds, SE within) of `paired_contrast`'s per-seed differences: std(d)/√k (NaN for one
+    seed) and √Σse²/k."""
+    ds = [d for d, _ in per_seed.values()]
+    between = statistics.stdev(ds) / math.sqrt(len(ds)) if len(ds) > 1 else float("nan")
+    return statistics.fmean(ds), between, math.sqrt(sum(se ** 2 for _, se in per_seed.values())) / len(ds)
 
 
 def third(rows: list[dict], key: str, last: bool) -> float:

@@ -104,3 +104,11 @@ def test_scripted_run_matches_the_metrics_recorded_before_the_refactor(task, tmp
                 assert got[k] == pytest.approx(v, rel=2e-2, abs=slack) or (math.isnan(v) and math.isnan(got[k])), k
             else:
                 assert got[k] == v, k
+
+
+def test_the_readme_results_table_is_read_off_the_committed_studies():
+    """Every number in the README's results table comes from docs/studies/ through scripts/readme_results.py."""
+    from scripts import readme_results
+    table = readme_results.table()
+    assert table.count("\n") == 5 and "| default coding run" in table
+    assert table in (ROOT / "README.md").read_text(), "README's results table differs: run scripts/readme_results.py"

@@ -33,19 +33,19 @@ def test_worked_example_rewards():
     assert [a, b] == WORKED_R
 
 
-def test_worked_example_advantages_keep_single():
-    assert policy.step_advantages(WORKED_R, keep_single=True) == [[1.0, 1.0], [-1.0, -1.0, -2.0]]
+def test_worked_example_advantages_single_keeps_its_reward():
+    assert policy.step_advantages(WORKED_R, zero_single=False) == [[1.0, 1.0], [-1.0, -1.0, -2.0]]
 
 
 def test_worked_example_advantages_zero_single():
-    assert policy.step_advantages(WORKED_R, keep_single=False) == [[1.0, 1.0], [-1.0, -1.0, 0.0]]
+    assert policy.step_advantages(WORKED_R, zero_single=True) == [[1.0, 1.0], [-1.0, -1.0, 0.0]]
 
 
 def test_step_advantages_equal_rewards_and_three_rollouts():
-    assert policy.step_advantages([[1.0], [1.0], [1.0]], keep_single=True) == [[0.0], [0.0], [0.0]]
+    assert policy.step_advantages([[1.0], [1.0], [1.0]], zero_single=False) == [[0.0], [0.0], [0.0]]
     # values 1, 2, 3: mean 2, population std sqrt(2/3)
     s = math.sqrt(2 / 3)
-    adv = policy.step_advantages([[1.0], [2.0], [3.0]], keep_single=True)
+    adv = policy.step_advantages([[1.0], [2.0], [3.0]], zero_single=False)
     assert [x[0] for x in adv] == pytest.approx([-1 / s, 0.0, 1 / s])
 
 
@@ -157,9 +157,9 @@ def _c(i):
     return Completion(f"j{i}", [9], [10 + i], "stop")
 
 
-def p_samples(groups, *, lam=1.0, keep_single=True, reward="integrated", acc_range=(1 / 8, 7 / 8), drop_zero=True):
+def p_samples(groups, *, lam=1.0, zero_single=False, reward="integrated", acc_range=(1 / 8, 7 / 8), drop_zero=True):
     """Eq. 1-2 onto the steps, then P's samples, as loop.train calls them (defaults: ALFWorld's filter)."""
-    policy.score_steps(groups, lam=lam, keep_single=keep_single, reward=reward)
+    policy.score_steps(groups, lam=lam, zero_single=zero_single, reward=reward)
     return policy.policy_samples(groups, acc_range=acc_range, drop_zero=drop_zero)
 
 
