@@ -89,7 +89,7 @@ def train(cfg: Config) -> Path:
             setting_stats = adapter.train_metrics(train_groups)   # every rank's groups (coding: R's funnel)
             train_groups = dist.shard_tasks(train_groups)
             policy.score_steps(train_groups, lam=parts.lam(cfg.lam), zero_single=cfg.zero_single,
-                               reward=parts.reward(cfg.coding_reward))
+                               reward=parts.reward(cfg.policy_reward))
             p_samples = policy.policy_samples(train_groups, acc_range=parts.acc_range(cfg.acc_lower, cfg.acc_upper),
                                               drop_zero=cfg.drop_zero_adv)
             r_samples = reward_model.rm_samples(train_groups, adapter.judge_kind, drop_zero=cfg.drop_zero_adv,

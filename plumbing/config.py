@@ -82,8 +82,9 @@ class Config:
                       "(see docs/METHOD.md); flags given on the command line still win", choices=["", "reference"])
     lam: float = opt(1.0, "λ of Eq. 1 (0 under --ablation grpo: config.Row.lam)")
     zero_single: bool = opt(False, "Eq. 2: zero a step index only one rollout reaches (default keeps its raw reward)")
-    coding_reward: str = opt("integrated", "coding policy reward: integrated (Eq. 1: outcome + R's tests) or reference "
-                             "(the released code: share of GT tests passed, z-scored)", choices=["integrated", "reference"])
+    policy_reward: str = opt("integrated", "P's reward: integrated (Eq. 1: the outcome + λ·R's verdicts; coding: R's "
+                             "tests) or reference (the released coding code: the share of GT tests passed, z-scored)",
+                             choices=["integrated", "reference"], aliases=["--coding-reward"])
     coding_task: str = opt("completion", "coding: completion (P completes the first lines of a reference solution: "
                            "LiveBench's code-completion task) or generation (P writes the whole program)",
                            choices=["generation", "completion"])
@@ -192,7 +193,7 @@ class _Parser(argparse.ArgumentParser):
 
 # Flags that only some settings read, grouped under those settings' names in --help.
 SETTING_FLAGS = {
-    "livebench (coding)": ["coding_task", "coding_reward", "stop_after_code", "wrong_tests_cost", "sandbox_timeout", "humaneval_limit", "data"],
+    "livebench (coding)": ["coding_task", "stop_after_code", "wrong_tests_cost", "sandbox_timeout", "humaneval_limit", "data"],
     "alfworld, osworld, maze (multi-turn agents)": ["max_turns", "eval_max_turns", "rm_oracle", "maze_no_slack"],
     "osworld": ["backend", "screenshots", "browsers", "browser_timeout", "osworld_tasks", "osworld_python",
                 "osworld_provider", "osworld_vm"],
@@ -334,6 +335,9 @@ def validate(cfg: "Config") -> None:
             raise ConfigError(msg)
 
 
+RENAMED = {"coding_reward": "policy_reward"}   # a run folder's saved config may use a field's earlier name
+
+
 def parse_args(argv=None) -> Config:
     """Flags → Config: the generic defaults, then the setting's (tasks/<task>.py DEFAULTS), then
     --preset's, then the flags given. With --resume, the run's saved config is the base and only
@@ -348,7 +352,7 @@ def parse_args(argv=None) -> Config:
         saved = Path(cfg.runs_dir) / _run_name(cfg) / "config.json"
         if saved.exists():
             try:
-                cfg = Config(**{**json.loads(saved.read_text()), **given})
+                cfg = Config(**{RENAMED.get(k, k): v for k, v in json.loads(saved.read_text()).items()} | given)
             except (json.JSONDecodeError, TypeError, UnicodeDecodeError) as e:
                 raise ConfigError(f"{saved} is damaged ({type(e).__name__}); fix or remove it") from None
     validate(cfg)

@@ -254,9 +254,9 @@ def m_ours_grpo(args) -> None:
     engine = engines.make_engines(args.engine, {"p": (model, tok)}, batch_size=64)["p"]
     optimizer = ppo.make_optimizer(model, 1e-6)
     adapter, tasks, _ = grpo_prompts(tok)
-    # every GT test runs (coding_reward "reference" needs the share passed), as in the TRL run's reward: identical work
+    # every GT test runs (policy_reward "reference" needs the share passed), as in the TRL run's reward: identical work
     cfg = argparse.Namespace(max_new_tokens=192, top_p=0.95, temperature=1.0, sandbox_timeout=5.0,
-                             coding_reward="reference", env_mode="variants")
+                             policy_reward="reference", env_mode="variants")
 
     def iteration():
         groups = adapter.rollout(tasks, 8, engine, cfg)

@@ -118,7 +118,7 @@ def run_cell(args, name: str, seed: int) -> None:
                 picked = env.pick_tasks(slots, cfg.tasks_per_iter, random.Random(loop.iteration_seed(cfg, it)))
                 groups = adapter.rollout([t for _, t in picked], cfg.group_size, engines["policy"], cfg)
                 adapter.judge(groups, engines["reward_model"], cfg)
-                policy.score_steps(groups, lam=cfg.lam, zero_single=cfg.zero_single, reward=cfg.coding_reward)
+                policy.score_steps(groups, lam=cfg.lam, zero_single=cfg.zero_single, reward=cfg.policy_reward)
                 samples = reward_model.rm_samples(groups, adapter.judge_kind, drop_zero=cfg.drop_zero_adv,
                                                   balance=cfg.rm_balance, norm=cfg.rm_norm, wrong_cost=cfg.wrong_tests_cost)
                 rollouts = [ro for g in groups for ro in g.rollouts]

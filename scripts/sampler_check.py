@@ -127,7 +127,7 @@ def main(argv: list[str]) -> None:
     picked = env.pick_tasks(slots, cfg.tasks_per_iter, random.Random(loop.iteration_seed(cfg, it)))
     tg = adapter.rollout([t for _, t in picked], cfg.group_size, engines["policy"], cfg)
     adapter.judge(tg, engines["reward_model"], cfg)
-    policy.score_steps(tg, lam=cfg.lam, zero_single=cfg.zero_single, reward=cfg.coding_reward)
+    policy.score_steps(tg, lam=cfg.lam, zero_single=cfg.zero_single, reward=cfg.policy_reward)
     samples = reward_model.rm_samples(tg, "steps", drop_zero=cfg.drop_zero_adv, balance=cfg.rm_balance, norm=cfg.rm_norm,
                                       wrong_cost=cfg.wrong_tests_cost)
     stats = loop.optimize(cfg, R, engines["reward_model"], samples, it, "rm")

@@ -61,7 +61,7 @@ REFERENCE = {
     "rm_temperature": 0.8, "rm_top_p": 0.95, "rm_max_new_tokens": 2048, "env_mode": "generate", "env_retries": 3,
     "env_temperature": 0.8, "env_top_p": 0.95, "env_max_new_tokens": 8096, "lr": 1e-6, "rm_lr": 1e-6,
     "policy_steps": 2, "rm_steps": 2, "acc_lower": 0.2, "acc_upper": 0.8, "drop_zero_adv": False,
-    "coding_reward": "reference", "fresh_optimizer": True, "log_ratio_clamp": 10.0,
+    "policy_reward": "reference", "fresh_optimizer": True, "log_ratio_clamp": 10.0,
     "warmup_steps": 0, "target_kl": 0.0, "train_amp": True, "iterations": 300,
     "eval_every": 10, "eval_samples": 3, "eval_temperature": 0.0, "coding_task": "generation",
     "stop_after_code": False,
@@ -494,7 +494,7 @@ class Adapter(AdapterBase):
         programs = [[extract_code(c.text) for c in cs] for cs in outs]
         # only Eq. 1's outcome is needed (not the share of tests passed) unless the reward is the released one or
         # E is told the pass rate of every GT test (generate mode): then a program stops at its first failure
-        first_failure = cfg.coding_reward == "integrated" and cfg.env_mode == "variants"
+        first_failure = cfg.policy_reward == "integrated" and cfg.env_mode == "variants"
         with stage(self.timings, "sandbox"):
             gt = iter(run_gt([(t, p) for t, ps in zip(tasks, programs) for p in ps], cfg.sandbox_timeout,
                              first_failure))

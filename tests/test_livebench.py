@@ -24,7 +24,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 def cfg(**kw):
     base = dict(data="", humaneval_limit=0, seed=0, sandbox_timeout=5.0, m=2, rm_temperature=0.8, rm_top_p=1.0,
                 rm_max_new_tokens=16, temperature=1.0, top_p=1.0, max_new_tokens=16, coding_task="generation",
-                coding_reward="integrated", env_mode="variants", validation=False, eval_tasks=0, task="livebench",
+                policy_reward="integrated", env_mode="variants", validation=False, eval_tasks=0, task="livebench",
                 stop_after_code=True)
     return SimpleNamespace(**{**base, **kw})
 

@@ -315,7 +315,7 @@ def test_preset_reference_is_the_released_configuration_and_flags_still_win():
     import ppo
     assert {k: getattr(loop.Config, k) for k in ppo.RELEASED} == ppo.RELEASED   # Eq. 5's constants, one truth
     cfg = loop.parse_args(["--task", "livebench", "--preset", "reference"])
-    assert (cfg.coding_reward, cfg.group_size, cfg.m, cfg.lr, cfg.policy_steps) == ("reference", 32, 16, 1e-6, 2)
+    assert (cfg.policy_reward, cfg.group_size, cfg.m, cfg.lr, cfg.policy_steps) == ("reference", 32, 16, 1e-6, 2)
     cfg = loop.parse_args(["--task", "alfworld", "--preset", "reference", "--group-size", "4"])
     assert (cfg.group_size, cfg.max_turns, cfg.eval_max_turns, cfg.eval_samples) == (4, 40, 60, 3)
     for task in ("livebench", "alfworld", "osworld", "maze"):   # the released optimizer: fresh AdamW, constant LR
@@ -444,3 +444,15 @@ def test_leftover_sandbox_folders_of_a_killed_run_are_removed_at_the_next_start(
     r = run_cli(["--model", "/no/such/model", "--runs-dir", str(tmp_path)])   # starts, cleans, then fails
     assert r.returncode == 2 and not stale.exists()
     assert re.search(r"removed \d+ leftover sandbox folder\(s\) of killed runs", r.stdout)
+
+
+def test_a_renamed_field_still_reads_from_an_old_run_folder_and_its_old_flag(tmp_path):
+    """`--coding-reward` became `--policy-reward` (every setting reads it): the old flag still works, and --resume of a
+    folder whose config.json has the old key reads it as the new field."""
+    assert config.parse_args(["--task", "livebench", "--coding-reward", "reference"]).policy_reward == "reference"
+    saved = dataclasses.asdict(config.Config(task="livebench", name="old"))
+    saved["coding_reward"] = saved.pop("policy_reward") and "reference"
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "config.json").write_text(json.dumps(saved))
+    cfg = config.parse_args(["--runs-dir", str(tmp_path), "--name", "old", "--resume"])
+    assert cfg.policy_reward == "reference" and cfg.task == "livebench"

@@ -306,7 +306,7 @@ def test_reference_coding_reward_worked_example():
     advantages [1.2247, 0, −1.2247], and the 0 is KEPT (coding keeps zero advantages)."""
     import loop
     cfg = loop.parse_args(["--task", "livebench", "--preset", "reference"])   # the released reward and filter
-    kw = dict(reward=cfg.coding_reward, acc_range=(cfg.acc_lower, cfg.acc_upper), drop_zero=cfg.drop_zero_adv)
+    kw = dict(reward=cfg.policy_reward, acc_range=(cfg.acc_lower, cfg.acc_upper), drop_zero=cfg.drop_zero_adv)
     assert kw == dict(reward="reference", acc_range=(0.2, 0.8), drop_zero=False)
     task = Task("t", "p", {})
 
