@@ -10,28 +10,17 @@ full row's last eval. The paper's numbers (Table 1, 7B models) are written here,
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scripts.table1 import last_eval, over_seeds, paired_contrast  # noqa: E402
+from scripts.table1 import last_eval, load_cells, over_seeds, paired_contrast, read_metrics  # noqa: E402
 
 STUDIES = ROOT / "docs" / "studies"
 DEFAULT_RUN = "speed-42/new-d9828ee"   # the default coding run at today's defaults (`make run`)
 SEEDS = 3
-
-
-def metrics(folder: Path) -> list[dict]:
-    return [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x.strip()]
-
-
-def study(name: str, rows: tuple[str, ...]) -> dict:
-    """(row, seed) → metrics rows of a committed Table 1 study."""
-    return {(r, s): metrics(STUDIES / name / f"{r}-s{s}") for r in rows for s in range(SEEDS)
-            if (STUDIES / name / f"{r}-s{s}" / "metrics.jsonl").exists()}
 
 
 def pct(x: float) -> str:
@@ -47,28 +36,31 @@ def gain(row: dict, key: str) -> str:
     return f"{signed(100 * row[key + '_gain'])} ± {100 * row[key + '_gain_se']:.1f}"
 
 
-def full_minus_grpo(name: str, col: str) -> tuple[float, float]:
+def full_minus_grpo(runs: dict, col: str) -> tuple[float, float]:
     """(mean over seeds, SE between seeds) of full − grpo at the last eval, in %."""
-    mean, between, _ = over_seeds(paired_contrast(study(name, ("full", "grpo")), "full", "grpo", col, SEEDS))
+    mean, between, _ = over_seeds(paired_contrast(runs, "full", "grpo", col, SEEDS))
     return mean, between
 
 
 def table() -> str:
-    run = metrics(STUDIES / DEFAULT_RUN)
+    run = read_metrics(STUDIES / DEFAULT_RUN)
     before, after = run[0], last_eval(run)
+    livebench = load_cells(STUDIES / "table1-livebench-final", ("full", "grpo"), SEEDS)
+    maze = load_cells(STUDIES / "table1-maze-final", ("full", "grpo"), SEEDS)
     code = (f"in-domain Code {pct(before['eval/in_domain/code'])} → {pct(after['eval/in_domain/code'])} % "
             f"({gain(after, 'eval/in_domain/code')}), OOD {gain(after, 'eval/ood/code')}")
-    lb, lb_se = full_minus_grpo("table1-livebench-final", "eval/in_domain/code")
-    lb_ood, _ = full_minus_grpo("table1-livebench-final", "eval/ood/code")
-    mz, mz_se = full_minus_grpo("table1-maze-final", "eval/in_domain/success")
-    bacc = ", ".join(pct(last_eval(rows)["eval/in_domain/process_bacc"])
-                     for _, rows in sorted(study("table1-maze-final", ("full",)).items(), key=lambda kv: kv[0][1]))
+    lb, lb_se = full_minus_grpo(livebench, "eval/in_domain/code")
+    lb_ood, _ = full_minus_grpo(livebench, "eval/ood/code")
+    mz, mz_se = full_minus_grpo(maze, "eval/in_domain/success")
+    bacc = ", ".join(pct(last_eval(maze["full", s])["eval/in_domain/process_bacc"]) for s in range(SEEDS))
     rows = [
         ("default coding run, today's defaults (one seed)", code, "—", f"[speed-42](docs/studies/{DEFAULT_RUN})"),
-        ("coding, full − GRPO (earlier defaults, 3 seeds)", f"in-domain {signed(lb)} (SE {lb_se:.1f} between seeds), OOD {signed(lb_ood)}",
+        ("coding, full − GRPO (earlier defaults, 3 seeds)",
+         f"in-domain {signed(lb)} (SE {lb_se:.1f} between seeds), OOD {signed(lb_ood)}",
          "LiveBench 43.2 vs 38.8 (full vs Policy)",
          "[STUDIES.md](docs/STUDIES.md#summary-coding-livebench-columns-at-the-final-defaults)"),
-        ("maze, full − GRPO (today's maze defaults, 3 seeds)", f"in-domain {signed(mz)} (SE {mz_se:.1f}): no row beyond noise",
+        ("maze, full − GRPO (today's maze defaults, 3 seeds)",
+         f"in-domain {signed(mz)} (SE {mz_se:.1f}): no row beyond noise",
          "ALFWorld 60.2 vs 51.1 (full vs Policy)",
          "[STUDIES.md](docs/STUDIES.md#summary-the-maze-at-the-final-defaults-5-rows--3-seeds)"),
         ("R's balanced Process Acc after training (maze, full row)", f"{bacc} % on seeds 0–2 (below chance)",

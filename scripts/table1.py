@@ -105,14 +105,19 @@ def run_study(args) -> None:
 
 
 def load(args) -> dict:
-    """(row, seed) → metrics rows, for the cells that have metrics."""
-    out = {}
-    for row in args.rows:
-        for seed in range(args.seeds):
-            path = args.dir / f"{row}-s{seed}" / "metrics.jsonl"
-            if path.exists():
-                out[row, seed] = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    return out
+    """(row, seed) → metrics rows, for the study's cells that have metrics."""
+    return load_cells(args.dir, args.rows, args.seeds)
+
+
+def load_cells(folder: Path, rows, seeds: int) -> dict:
+    """(row, seed) → metrics rows of the cells <row>-s<seed> under `folder` that have metrics."""
+    return {(row, seed): read_metrics(folder / f"{row}-s{seed}") for row in rows for seed in range(seeds)
+            if (folder / f"{row}-s{seed}" / "metrics.jsonl").exists()}
+
+
+def read_metrics(run: Path) -> list[dict]:
+    """A run folder's metrics.jsonl, one dict per logged iteration."""
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
 
 
 def eval_columns(runs: dict) -> list[str]:
