@@ -263,8 +263,8 @@ def theorem1_bound(mu: float, m: int) -> float:
 
 def theorem1_metrics(rollouts, m: int, labels: bool) -> dict:
     """`theorem1` over judged rollouts, keyed thm1_*: the classes are the rollouts' outcomes (what R is trained
-    to be consistent with) and, with `labels` (exact step labels: maze, ALFWorld's planner), thm1_label_*
-    the steps' ground-truth labels."""
+    to be consistent with) and, with `labels` (exact step labels: maze, ALFWorld's planner, MiniWoB's labelled
+    pages), thm1_label_* the steps' ground-truth labels."""
     steps = [(st, ro.outcome) for ro in rollouts for st in ro.steps if st.verdicts]
     out = {f"thm1_{k}": v for k, v in theorem1([st.verdicts for st, o in steps if o > 0],
                                                [st.verdicts for st, o in steps if o < 0], m).items()}

@@ -19,7 +19,7 @@ initial R judges every step m times; nothing trains. It prints:
   - the untrained R: its balanced Process Acc, its μ against the labels, and μ/(1 − u), u its unparseable share
     (μ among the verdicts it gave);
 and the gates a setting must pass before R is worth studying there (GATES). Settings with exact step labels only
-(the maze; ALFWorld, whose labels come from its planner).
+(the maze; osworld's MiniWoB pages with a label rule, tasks/miniwob_env.RIGHT), and there only the labelled tasks.
 """
 from __future__ import annotations
 
@@ -161,9 +161,11 @@ def main(argv=None) -> int:
         p.error("--tasks: must be >= 0")
     cfg = parse_args(["--task", args.task, "--validation", *loop_flags])
     adapter = tasks.get(cfg.task, cfg, env_mode=None)
-    val = getattr(adapter, "sets", {}).get("validation") or []
+    labelled = getattr(adapter, "labelled", lambda task: False)   # agent settings say which tasks have labels
+    val = [t for t in getattr(adapter, "sets", {}).get("validation") or [] if labelled(t)]
     if not val:
-        sys.exit(f"error: --task {cfg.task}: the premise check needs a validation split with step labels (maze)")
+        sys.exit(f"error: --task {cfg.task}: the premise check needs a validation split with step labels "
+                 "(maze, osworld)")
     if args.tasks:
         val = [val[k] for k in range(0, len(val), max(1, len(val) // args.tasks))][:args.tasks]
     models, engines = loop.build_models(cfg, True, cfg.model, cfg.rm_model or cfg.model)

@@ -1,18 +1,21 @@
-"""R alone in the maze: a screen of R's training levers on the validation split, P frozen (paper §3.2, Eq. 3;
-Theorem 1). Issue 25's question: can consistency feedback teach this R to judge steps at all?
+"""R alone: a screen of R's training levers on the validation split, P frozen (paper §3.2, Eq. 3; Theorem 1).
+Issue 25's question: can consistency feedback teach this R to judge steps at all? Any setting with exact step
+labels on its validation split (the maze, the default; osworld's labelled MiniWoB pages).
 
     python scripts/rm_screen.py                                  # every configuration below, seed 0, then the table
     python scripts/rm_screen.py --configs paper,batch --seeds 2
     python scripts/rm_screen.py --report-only                    # the table from what has run
+    python scripts/rm_screen.py --task osworld --configs paper --seeds 2 --iterations 8 --eval-every 4 \
+        --eval-samples 2 --eval-temperature 1                    # loop flags follow; the maze's defaults are these
 
 One configuration runs the loop's steps that touch R, with everything else held still:
-  1-2. P (the initial model, never updated) plays G rollouts on the iteration's training mazes (the loop's draw);
+  1-2. P (the initial model, never updated) plays G rollouts on the iteration's training tasks (the loop's draw);
   3.   R judges every step m times;
   5.   Eq. 1 on every step (R_τ = O_τ + λ·mean S), R's Eq. 3 samples;
   6.   R's Eq. 5 update (the loop's `optimize`, with the run's flags).
 E is off and P does not learn, so the rollouts R learns from keep one distribution. At iteration 0 and every
---eval-every iterations, R judges one fixed set of P's rollouts on the VALIDATION mazes (played once, by the
-frozen P; disjoint from the training and eval mazes), and the row records R's balanced Process Acc against the
+--eval-every iterations, R judges one fixed set of P's rollouts on the labelled VALIDATION tasks (played once,
+by the frozen P; disjoint from the training and eval tasks), and the row records R's balanced Process Acc against the
 exact step labels (`reward_model.agent_metrics`), Theorem 1's μ against the labels and against the outcomes,
 its mean verdict and its share of unparseable verdicts. The eval sets are never played.
 
@@ -48,7 +51,7 @@ from plumbing.config import parse_args  # noqa: E402
 from plumbing.models import machine, seed_everything  # noqa: E402
 from scripts.premise import fixed_judges, judged  # noqa: E402
 
-# name → the loop flags that make the configuration (on top of the maze's defaults; R's levers of issue 25)
+# name → the loop flags that make the configuration (on top of the setting's defaults; R's levers of issue 25)
 CONFIGS = {
     "paper": [],                                   # Eq. 3 per step at the maze's defaults (R's LR 3e-6, m = 3, T 1)
     "balance": ["--rm-balance"],                   # Theorem 2: both signs of R_τ carry equal weight
@@ -71,18 +74,22 @@ BOUND_VERDICT, BOUND_UNPARSEABLE = 0.8, 0.2   # a collapse: |mean verdict| ≥ 0
 
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    p.add_argument("--task", default="maze", help="a setting with step labels on its validation split")
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated names of CONFIGS")
     p.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 per configuration")
     p.add_argument("--out", default="runs/rm-screen", help="where the cells go")
-    p.add_argument("--val-tasks", type=int, default=24, help="validation mazes R is measured on (spread over levels)")
+    p.add_argument("--val-tasks", type=int, default=24, help="labelled validation tasks R is measured on (spread "
+                                                             "over the split)")
     p.add_argument("--report-only", action="store_true")
     p.add_argument("--cell", default="", help=argparse.SUPPRESS)   # CONFIG:SEED, one cell in this process
     args, loop_flags = p.parse_known_args(argv)
+    if args.task not in tasks.REGISTRY:
+        p.error(f"--task: unknown {args.task!r}; choose from {', '.join(tasks.REGISTRY)}")
     args.configs = [c for c in args.configs.split(",") if c]
     bad = [c for c in args.configs if c not in CONFIGS]
     if bad:
         p.error(f"--configs: unknown {', '.join(bad)}; choose from {', '.join(CONFIGS)}")
-    for flag in ("--task", "--seed", "--ablation", "--validation"):
+    for flag in ("--seed", "--ablation", "--validation"):
         if any(f == flag or f.startswith(flag + "=") for f in loop_flags):
             p.error(f"{flag} is set by rm_screen.py itself")
     args.loop_flags = loop_flags
@@ -100,12 +107,14 @@ def run_cell(args, name: str, seed: int) -> None:
     """One configuration × seed: the loop's R steps for --iterations, R measured on the validation rollouts."""
     folder = Path(args.out) / f"{name}-s{seed}"
     folder.mkdir(parents=True, exist_ok=True)
-    cfg = parse_args(["--task", "maze", "--seed", str(seed), *args.loop_flags, *CONFIGS[name]])
-    adapter = tasks.get("maze", cfg, env_mode=None)
+    cfg = parse_args(["--task", args.task, "--seed", str(seed), *args.loop_flags, *CONFIGS[name]])
+    adapter = tasks.get(args.task, cfg, env_mode=None)
     models, engines = loop.build_models(cfg, True, cfg.model, cfg.rm_model or cfg.model)
     (folder / "config.json").write_text(json.dumps({"config": name, "flags": CONFIGS[name], **vars(cfg)}, indent=1))
     (folder / "machine.jsonl").write_text(json.dumps(machine()) + "\n")
-    val = adapter.sets["validation"]
+    val = [t for t in adapter.sets.get("validation", []) if adapter.labelled(t)]
+    if not val:
+        sys.exit(f"error: --task {args.task} has no labelled validation tasks to measure R on")
     val = [val[k] for k in range(0, len(val), max(1, len(val) // args.val_tasks))][:args.val_tasks]
     seed_everything(cfg.seed)
     val_groups = adapter.rollout(val, cfg.eval_samples, engines["policy"], cfg, temperature=cfg.eval_temperature)
@@ -195,7 +204,8 @@ def main(argv=None) -> int:
     for name in args.configs if not args.report_only else []:
         for seed in range(args.seeds):
             if not (Path(args.out) / f"{name}-s{seed}" / "done").exists():   # each cell in its own process
-                cmd = [sys.executable, __file__, "--cell", f"{name}:{seed}", "--configs", name, "--out", args.out,
+                cmd = [sys.executable, __file__, "--cell", f"{name}:{seed}", "--task", args.task, "--configs", name,
+                       "--out", args.out,
                        "--val-tasks", str(args.val_tasks), *args.loop_flags]
                 if subprocess.run(cmd).returncode:
                     print(f"[rm_screen] {name}-s{seed} failed; the table shows what finished", file=sys.stderr)

@@ -59,12 +59,11 @@ class Episode:
 
 
 class AgentAdapter(AdapterBase):
-    """A multi-turn setting: R judges steps (Eq. 3). Subclasses set `labels` when steps carry exact
-    ground-truth labels (Process Acc), `env_stage` to time their environment's share of a rollout,
-    and `judge_prefix` to prefill R's answer."""
+    """A multi-turn setting: R judges steps (Eq. 3). Steps may carry exact ground-truth labels (`Step.label`,
+    for Process Acc); subclasses set `env_stage` to time their environment's share of a rollout, and
+    `judge_prefix` to prefill R's answer."""
 
     judge_kind = "steps"
-    labels = True
     env_stage: str | None = None
     judge_prefix = ""
     required = ("start", "policy_prompt", "act")   # checked at start-up (tasks.check)
@@ -97,6 +96,10 @@ class AgentAdapter(AdapterBase):
 
     def why_failed(self, ro: Rollout) -> str:
         return "not solved"
+
+    def labelled(self, task: Task) -> bool:
+        """Whether the task's steps get exact labels (scripts/premise.py plays only those tasks)."""
+        return True
 
     # — P plays: every live episode in one generate call per turn —
     def rollout(self, tasks: list[Task], G: int, engine, cfg, temperature: float | None = None,
@@ -139,7 +142,7 @@ class AgentAdapter(AdapterBase):
     # — evaluation: the paper's Table 1 columns for an agent setting —
     def evaluate(self, sets: dict[str, list[Task]], policy, rm, cfg) -> dict:
         """Per eval set: success (± its standard error), and with R its Outcome Acc, and its Process Acc
-        where steps carry ground-truth labels (with the two references of reward_model.agent_metrics:
+        where the set's steps carry ground-truth labels (with the two references of reward_model.agent_metrics:
         the majority label's share and the balanced accuracy)."""
         out = {}
         for name, mine in eval_groups(self, sets, policy, rm, cfg).items():
@@ -147,10 +150,11 @@ class AgentAdapter(AdapterBase):
             if rm is not None:
                 rollouts = [ro for g in mine for ro in g.rollouts]
                 m = agent_metrics(rollouts)
-                if self.labels:
+                labels = any(st.label is not None for ro in rollouts for st in ro.steps)
+                if labels:
                     out |= {f"{name}/{k}": m[k] for k in ("process_acc", "process_majority", "process_bacc")}
                 out[f"{name}/outcome_acc"] = m["outcome_acc"]
-                out |= {f"{name}/{k}": v for k, v in theorem1_metrics(rollouts, cfg.m, self.labels).items()}
+                out |= {f"{name}/{k}": v for k, v in theorem1_metrics(rollouts, cfg.m, labels).items()}
         return out
 
     # — critic feedback for E —

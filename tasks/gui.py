@@ -126,6 +126,7 @@ class Screen:
     text: str                                                 # the accessibility-tree-like element list
     boxes: dict[int, tuple[float, float, float, float]] = field(default_factory=dict)  # ref → (left, top, w, h)
     screenshot: np.ndarray | None = None                      # (H, W, 3) uint8, when recorded (--screenshots)
+    kinds: dict[int, tuple[str, str]] = field(default_factory=dict)   # ref → (tag, text), where the backend has them
 
 
 class Pool:
@@ -163,7 +164,8 @@ class Pool:
 
 class Backend:
     """What the adapter needs of a backend: handles from a pool (one per parallel episode), and
-    reset / valid / step / final on a handle. Failures raise self.Error (miniwob_env.ScreenError)."""
+    reset / valid / step / final on a handle. Failures raise self.Error (miniwob_env.ScreenError).
+    A backend with exact step labels on some tasks overrides `labelled` and `label`."""
 
     def __init__(self, pool):
         self.pool, self.Error = pool, ScreenError
@@ -176,6 +178,15 @@ class Backend:
 
     def map(self, fn, items: list) -> list:
         return self.pool.map(fn, items)
+
+    def labelled(self, task) -> bool:
+        """Whether the task's steps get exact labels."""
+        return False
+
+    def label(self, task, screen, action: Action | None, earlier: list) -> int | None:
+        """The exact label (±1) of `action` on `screen` (None: a malformed answer), after the episode's `earlier`
+        (action, screen) pairs; None where the task has no labels."""
+        return None
 
 
 def center(screen, ref: int) -> tuple[float, float]:

@@ -17,6 +17,7 @@ MiniWoB++ pages (the `miniwob` package bundles them) in real headless Chromium (
 from __future__ import annotations
 
 import os
+import re
 import shutil
 
 import numpy as np
@@ -43,25 +44,27 @@ def chrome_paths() -> tuple[str, str]:
     return binary, driver
 
 
-def render_elements(elements: list[dict]) -> tuple[str, dict]:
+def render_elements(elements: list[dict]) -> tuple[str, dict, dict]:
     """MiniWoB's DOM elements as `[ref] tag "text" value=… (focused)` lines, in document order: form
     controls, links and buttons, and any element with text. Text nodes (tag "t", negative refs, not
-    clickable) are folded into their parent's line; invisible (zero-size) elements are left out."""
+    clickable) are folded into their parent's line; invisible (zero-size) elements are left out.
+    Also each listed element's box (ref → left, top, w, h) and kind (ref → tag, text)."""
     inner: dict[int, list[str]] = {}
     for e in elements:
         if e["tag"] == "t":
             inner.setdefault(int(e["parent"]), []).append(str(e["text"]))
-    lines, boxes = [], {}
+    lines, boxes, kinds = [], {}, {}
     for e in elements:
         w, h = float(np.asarray(e["width"]).item()), float(np.asarray(e["height"]).item())
         text = " ".join(" ".join([str(e["text"])] + inner.get(int(e["ref"]), [])).split())[:80]
         if e["tag"] == "t" or w <= 0 or h <= 0 or not (e["tag"] in INPUTS or text):
             continue
         boxes[int(e["ref"])] = (float(np.asarray(e["left"]).item()), float(np.asarray(e["top"]).item()), w, h)
+        kinds[int(e["ref"])] = (e["tag"], text)
         value = f' value="{e["value"]}"' if e["value"] not in ("", None) else ""
         lines.append(f'[{e["ref"]}] {e["tag"]}' + (f' "{text}"' if text else "") + value
                      + (" (focused)" if e["flags"][0] else ""))
-    return "\n".join(lines), boxes
+    return "\n".join(lines), boxes, kinds
 
 
 def key_name(key: str) -> str | None:
@@ -128,8 +131,8 @@ class Browser(Guarded):
 
     def _observe(self, cached: bool) -> Screen:
         obs, _ = self.instance.get_observation(use_cached_fields=cached)
-        text, boxes = render_elements(obs["dom_elements"])
-        return Screen(obs["utterance"], text, boxes, obs["screenshot"] if self.screenshots else None)
+        text, boxes, kinds = render_elements(obs["dom_elements"])
+        return Screen(obs["utterance"], text, boxes, obs["screenshot"] if self.screenshots else None, kinds)
 
     def _step(self, kind: str, kwargs: dict) -> tuple[Screen | None, bool, float]:
         inst = self.instance
@@ -175,6 +178,68 @@ def _field_extractor(page: str):
     return get_field_extractor(page)
 
 
+# ───────────────────────────── exact step labels (not in the paper; issue 43) ─────────────────────────────
+# The pages whose right next action can be read off the instruction, the element list and the episode's earlier
+# clicks: which element to click. page → (instruction, screen, earlier) → the refs a right click hits now, where
+# `earlier` holds the episode's earlier (action, screen) pairs. A step is labelled +1 when it clicks one of them (by
+# id, or at a point inside its box), −1 otherwise: a click elsewhere, any other action, a malformed answer.
+# `tests/test_osworld.py` checks every rule against the page's own reward.
+
+def _named(screen, tags: set[str], text: str | None = None) -> set[int]:
+    return {ref for ref, (tag, x) in screen.kinds.items() if tag in tags and text in (None, x)}
+
+
+def _quoted(instruction: str) -> str:
+    return re.search(r'"(.*)"', instruction).group(1)
+
+
+def hits(action: Action | None, screen) -> list[int]:
+    """The listed elements an action clicks, in order: click(id) or click(x, y) (the smallest box holding the
+    point) once, double_click twice; nothing for any other action or a malformed one."""
+    if action is None or action.verb not in ("click", "double_click"):
+        return []
+    if len(action.args) == 1:
+        refs = [action.args[0]] if action.args[0] in screen.boxes else []
+    else:
+        x, y = action.args
+        inside = [(w * h, ref) for ref, (left, top, w, h) in screen.boxes.items()
+                  if left <= x <= left + w and top <= y <= top + h]
+        refs = [min(inside)[1]] if inside else []
+    return refs * (2 if action.verb == "double_click" else 1)
+
+
+def _next_button(instruction: str, screen, earlier) -> set[int]:
+    """click-button-sequence: the page ends at the second button pushed, and pays if they were the named two in
+    order; so the right click is the next named button, and after a wrong push there is none."""
+    words = re.findall(r"button (\S+?)[,.]", instruction)
+    pushed = [sc.kinds[r][1] for a, sc in earlier for r in hits(a, sc) if sc.kinds[r][0] == "button"]
+    if len(pushed) >= len(words) or pushed != words[:len(pushed)]:
+        return set()
+    return _named(screen, {"button"}, words[len(pushed)])
+
+
+RIGHT = {
+    "click-test": lambda ins, sc, earlier: _named(sc, {"button"}),
+    "click-test-2": lambda ins, sc, earlier: _named(sc, {"button"}, re.fullmatch(r"Click button (.+)\.", ins).group(1)),
+    "click-button": lambda ins, sc, earlier: _named(sc, {"button"}, _quoted(ins)),
+    "click-link": lambda ins, sc, earlier: _named(sc, {"span", "a"}, _quoted(ins)),
+    "click-dialog": lambda ins, sc, earlier: _named(sc, {"button"}, "Close"),
+    "click-button-sequence": _next_button,
+    "focus-text": lambda ins, sc, earlier: _named(sc, {"input_text"}),
+}
+
+
+def step_label(page: str, screen, action: Action | None, earlier: list) -> int | None:
+    """The exact label of `action` (None: malformed, or naming no element on the screen) taken on `screen`, after
+    the episode's `earlier` (action, screen) pairs; None on a page with no rule in RIGHT. A double click is right
+    where its first click ends the page; on click-button-sequence it pushes one button twice, which loses."""
+    if page not in RIGHT:
+        return None
+    clicked = hits(action, screen)
+    single = len(clicked) == 1 or (clicked and page != "click-button-sequence")
+    return 1 if single and clicked[0] in RIGHT[page](screen.instruction, screen, earlier) else -1
+
+
 class MiniWoB(Backend):
     """The `miniwob` backend: maps the action vocabulary onto MiniWoB++ in headless Chromium."""
 
@@ -212,3 +277,9 @@ class MiniWoB(Backend):
 
     def final(self, browser) -> float:
         return 0.0   # MiniWoB ends an episode itself when the task is solved; unfinished = not solved
+
+    def labelled(self, task: Task) -> bool:
+        return task.data["page"] in RIGHT
+
+    def label(self, task: Task, screen, action: Action | None, earlier: list) -> int | None:
+        return step_label(task.data["page"], screen, action, earlier)

@@ -37,7 +37,7 @@ import random
 import threading
 from dataclasses import dataclass, field
 
-from plumbing.engines import render_chat
+from plumbing.engines import ANSWER_PREFIX, render_chat
 from records import Group, Rollout, Step, Task, stage
 from tasks import TaskError
 from tasks.agent import HISTORY, AgentAdapter, Episode
@@ -85,7 +85,7 @@ LADDERS = {
 }
 OOD_PAGES = ["click-dialog-2", "click-widget", "focus-text-2", "enter-text-dynamic", "login-user-popup",
              "click-checkboxes-soft", "click-collapsible-2", "click-tab-2-hard", "navigate-tree"]
-TRAIN_SEEDS, EVAL_SEED0 = range(4), 1000
+TRAIN_SEEDS, VALIDATION_SEEDS, EVAL_SEED0 = range(4), range(500, 504), 1000
 
 POLICY_PROMPT = """You operate a {where} to complete a task.
 Task: {instruction}
@@ -106,7 +106,13 @@ Action taken: {action}
 Screen after the step:
 {after}
 
-Was this a good step towards the task? Explain in one sentence, then answer \\boxed{{1}} (good) or \\boxed{{-1}} (bad)."""
+Was this a good step towards the task? {ask}"""
+# R's verdict: a 135M R asked to explain first left 97.7 % of its verdicts unparseable on the validation steps
+# (docs/PREMISE.md), so its answer is prefilled with "\\boxed{" and it is asked for the verdict alone, as in the maze.
+# With a 7B R (the paper's), set JUDGE_REASONS = True: it explains in one sentence, then answers.
+JUDGE_REASONS = False
+JUDGE_ASK = ("Explain in one sentence, then answer \\boxed{1} (good) or \\boxed{-1} (bad)." if JUDGE_REASONS else
+             "Answer \\boxed{1} (good) or \\boxed{-1} (bad).")
 
 REWRITE_PROMPT = """You design tasks for a computer-use agent. The agent's success on the current task says it \
 should be {direction}: choose one task template of the same family, and write a hint to show the agent with \
@@ -132,14 +138,16 @@ def ladder_task(ladder: str, rung: int, seed: int, hint: bool = False, split: st
 
 
 def miniwob_sets() -> dict[str, list[Task]]:
-    """train: every ladder page × TRAIN_SEEDS; in_domain: the same pages, an unseen seed each;
-    ood: pages on no ladder, unseen seeds."""
+    """train: every ladder page × TRAIN_SEEDS; validation (for choosing hyperparameters): the same pages ×
+    VALIDATION_SEEDS; in_domain: the same pages, an unseen seed each; ood: pages on no ladder, unseen seeds."""
     train = [ladder_task(name, k, s) for name, rungs in LADDERS.items() for k in range(len(rungs)) for s in TRAIN_SEEDS]
     seen = [ladder_task(name, k, EVAL_SEED0 + k, split="eval") for name, rungs in LADDERS.items()
             for k in range(len(rungs))]
     ood = [Task(id=f"ood/{p}/s{EVAL_SEED0}", prompt=p, data={"page": p, "seed": EVAL_SEED0, "hint": ""},
                 origin="original") for p in OOD_PAGES]
-    return {"train": train, "in_domain": seen, "ood": ood}
+    validation = [ladder_task(name, k, s, split="validation") for name, rungs in LADDERS.items()
+                  for k in range(len(rungs)) for s in VALIDATION_SEEDS]
+    return {"train": train, "validation": validation, "in_domain": seen, "ood": ood}
 
 
 # ───────────────────────────── episodes ─────────────────────────────
@@ -151,6 +159,7 @@ class GUIEpisode(Episode):
     instruction: str = ""
     score: float | None = None                   # the backend's final score, once known
     crashed: str = ""
+    taken: list = field(default_factory=list)    # (action or None, screen before) per step, for exact labels
     rng: random.Random = field(default_factory=random.Random)   # picks the example action's element
 
 
@@ -168,7 +177,7 @@ class Adapter(AgentAdapter):
     """OSWorld adapter: multi-turn GUI episodes on a real browser (or OSWorld VM); R judges each step."""
 
     rewrite_prefix = '{"'   # E's JSON answer is prefilled with its opening: a 135M E otherwise writes prose
-    labels = False          # no planner: no Process Acc
+    judge_prefix = "" if JUDGE_REASONS else ANSWER_PREFIX
     env_stage = "gui"
 
     def __init__(self, cfg):
@@ -223,12 +232,14 @@ class Adapter(AgentAdapter):
             except self.backend.Error as e:
                 after, ep.done, ep.score, ep.crashed = None, True, 0.0, str(e)
                 self._count("sys/env_restarts")
+        label = self.backend.label(ep.task, before, action if parsed else None, ep.taken)
+        ep.taken.append((action if parsed else None, before))
         judge = JUDGE_PROMPT.format(where=self.where, instruction=ep.instruction, history=_history(ep),
                                     before=_screen_text(before), response=completion.text.strip()[:300], action=taken,
-                                    after=_screen_text(after))
+                                    after=_screen_text(after), ask=JUDGE_ASK)
         shots = tuple(s.screenshot for s in (before, after) if s is not None and s.screenshot is not None)
         ep.steps.append(Step.sampled(prompt, completion, observation=_screen_text(after)[:300], judge_prompt=judge,
-                                     parsed=parsed, judge_images=shots))
+                                     label=label, parsed=parsed, judge_images=shots))
         ep.actions.append(taken)
         ep.screen = after
 
@@ -245,6 +256,9 @@ class Adapter(AgentAdapter):
 
     def score(self, ep: GUIEpisode) -> float:
         return ep.score
+
+    def labelled(self, task: Task) -> bool:
+        return self.backend.labelled(task)
 
     def to_rollout(self, ep: GUIEpisode) -> Rollout:
         ro = super().to_rollout(ep)

@@ -22,7 +22,7 @@ from loop_cli import two_iterations
 from records import Completion
 from tasks import TaskError
 from tasks import osworld as ow
-from tasks.miniwob_env import key_name, render_elements
+from tasks.miniwob_env import RIGHT, key_name, render_elements, step_label
 from tasks.gui import Action, parse_action
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,10 +77,60 @@ def test_key_names_and_element_rendering_hand_worked():
     elements = [el(1, 0, "body", leaf=0), el(2, 1, "div", leaf=0), el(3, 2, "label", leaf=0), el(-1, 3, "t", "Blue"),
                 el(4, 3, "input_checkbox"), el(5, 2, "input_text", value="ab", focused=1), el(6, 2, "button", "Go"),
                 el(7, 2, "button", "Hidden", w=0.0)]
-    text, boxes = render_elements(elements)
+    text, boxes, kinds = render_elements(elements)
     assert text.splitlines() == ['[3] label "Blue"', "[4] input_checkbox", '[5] input_text value="ab" (focused)',
                                  '[6] button "Go"']
     assert boxes[6] == (1.0, 2.0, 10.0, 5.0) and 7 not in boxes and -1 not in boxes
+    assert kinds == {3: ("label", "Blue"), 4: ("input_checkbox", ""), 5: ("input_text", ""), 6: ("button", "Go")}
+
+
+def test_step_labels_hand_worked():
+    """click-button: the right click hits a button with the quoted text, by id or at a point in its box; the
+    sequence page wants its named buttons in order, one click each."""
+    from tasks.gui import Screen
+    screen = Screen('Click on the "ok" button.', "", {4: (0, 0, 10, 10), 5: (20, 0, 10, 10), 6: (40, 0, 10, 10)},
+                    kinds={4: ("button", "ok"), 5: ("button", "no"), 6: ("div", "ok")})
+    label = lambda action, earlier=(), page="click-button", sc=screen: step_label(page, sc, action, list(earlier))
+    assert [label(Action("click", (r,))) for r in (4, 5, 6)] == [1, -1, -1]     # a div saying "ok" is no button
+    assert [label(Action("click", xy)) for xy in ((5, 5), (25, 5), (45, 5), (15, 5))] == [1, -1, -1, -1]
+    assert label(Action("double_click", (4,))) == 1                                    # its first click ends the page
+    assert [label(a) for a in (Action("done"), Action("type", (4, "ok")), None)] == [-1, -1, -1]
+    seq = Screen("Click button ONE, then click button TWO.", "", screen.boxes, kinds={4: ("button", "ONE"),
+                                                                                     5: ("button", "TWO")})
+    one, two, nothing = (Action("click", (4,)), seq), (Action("click", (5,)), seq), (None, seq)
+    assert [label(Action("click", (r,)), earlier, "click-button-sequence", seq) for r, earlier in
+            ((4, []), (5, []), (5, [one]), (5, [nothing, one]), (4, [one]), (4, [two]), (5, [one, two]))] == \
+        [1, -1, 1, 1, -1, -1, -1]   # ONE then TWO; a malformed answer between is harmless; TWO first dooms the page
+    assert label(Action("double_click", (4,)), [], "click-button-sequence", seq) == -1   # two pushes of ONE lose
+    assert step_label("enter-text", screen, Action("click", (4,)), []) is None         # a page with no rule
+
+
+@pytest.mark.parametrize("page", sorted(RIGHT))
+def test_step_labels_agree_with_the_pages_own_reward(page):
+    """Every element of a labelled page, on three seeds: clicking it is labelled +1 exactly when the page then
+    pays; on the sequence page, every pair of clicks, the second labelled +1 exactly when the pair wins."""
+    from tasks.miniwob_env import Browser
+    b = Browser()
+    try:
+        for seed in (0, 1, 500):
+            screen = b.reset(page, seed)
+            for ref in screen.boxes:
+                screen = b.reset(page, seed)
+                label = step_label(page, screen, Action("click", (ref,)), [])
+                after, done, reward = b.step("CLICK_ELEMENT", ref=ref)
+                if page == "click-button-sequence" and not done:   # the second push: each button, from a replay
+                    earlier = [(Action("click", (ref,)), screen)]
+                    for second in after.boxes:
+                        b.reset(page, seed)
+                        b.step("CLICK_ELEMENT", ref=ref)
+                        label2 = step_label(page, after, Action("click", (second,)), earlier)
+                        _, done, reward = b.step("CLICK_ELEMENT", ref=second)
+                        assert (label2 == 1) == (done and reward > 0), (page, seed, ref, second, label2, reward)
+                    continue
+                assert (label == 1) == (done and reward > 0), (page, seed, screen.text, ref, label, reward)
+            assert any(step_label(page, screen, Action("click", (r,)), []) == 1 for r in screen.boxes)
+    finally:
+        b.close()
 
 
 # ───────────────────────────── MiniWoB++ in real Chromium ─────────────────────────────
@@ -135,7 +185,20 @@ def test_scripted_solution_wins_a_task_of_every_ladder(adapter, ladder, page):
         assert all(ro.score > 0 and ro.invalid == 0 for ro in g.rollouts)
     steps = groups[0].rollouts[0].steps
     assert len(steps) == (2 if ladder in ("type", "select") else 1)
+    assert [st.label for st in steps] == ([1] if page in RIGHT else [None] * len(steps))   # exact labels, if any
     assert steps[-1].observation == "(the task ended after this action)"
+
+
+def test_an_episode_on_the_sequence_page_is_labelled_step_by_step(adapter):
+    """A malformed answer and a wait are −1 and harmless, ONE is right, TWO wins; in another episode TWO first
+    dooms the page, so ONE after it is −1 too (the page then ends, lost)."""
+    task = ow.ladder_task("click", 5, 0)   # click-button-sequence: [4] ONE, [5] TWO
+    assert adapter.labelled(task) and not adapter.labelled(ow.ladder_task("type", 1, 0))
+    for script, labels, outcome in ((["click(", "wait()", "click(4)", "click(5)"], [-1, -1, 1, 1], 1),
+                                    (["click(5)", "click(4)"], [-1, -1], -1)):
+        answers = iter(script)
+        ro = adapter.rollout([task], 1, ScriptedEngine(lambda p: next(answers)), CFG)[0].rollouts[0]
+        assert [st.label for st in ro.steps] == labels and ro.outcome == outcome, (script, ro.actions)
 
 
 def test_screenshots_are_recorded_on_request():

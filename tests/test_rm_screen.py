@@ -51,10 +51,24 @@ def test_collapse_rule():
 
 
 def test_flags_the_screen_sets_are_refused():
-    for flag in ("--task", "--seed", "--ablation"):
+    for flag in ("--task", "--seed", "--ablation", "--validation"):   # --task x: no such setting
         try:
             rm_screen.parse([flag, "x"])
         except SystemExit as e:
             assert e.code == 2
         else:
             raise AssertionError(flag)
+
+
+def test_screen_runs_where_only_some_validation_tasks_are_labelled(tmp_path):
+    """osworld: R is measured on the labelled MiniWoB pages of the validation split only, in real Chromium."""
+    flags = [f for f in FLAGS if f != "paper,batch"]
+    flags[flags.index("--configs") + 1:flags.index("--configs") + 1] = ["paper"]
+    flags[flags.index("--iterations") + 1] = flags[flags.index("--eval-every") + 1] = "1"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "rm_screen.py"), "--task", "osworld", *flags,
+                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = [json.loads(x) for x in (tmp_path / "paper-s0" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [0, 1] and "losses/policy_loss" not in rows[1]
+    assert 0.5 <= rows[0]["val/process_majority"] <= 1 and 0.5 <= rows[1]["val/process_majority"] <= 1   # labelled
+    assert json.loads((tmp_path / "paper-s0" / "config.json").read_text())["task"] == "osworld"
