@@ -39,7 +39,7 @@ import environment as env
 import policy
 import reward_model
 import tasks
-from plumbing.config import ABLATIONS, Config, ConfigError, check_distributed, describe, parse_args
+from plumbing.config import ABLATIONS, Config, ConfigError, Row, check_distributed, describe, parse_args
 from plumbing.engines import engine_tokens, make_engines, sync_seconds
 from plumbing.models import ModelError, Trained, add_lora, dither_off_bf16, load, seed_everything
 from plumbing.vision import freeze_tower
@@ -58,7 +58,7 @@ def train(cfg: Config) -> Path:
     """Algorithm 1. A resumed run goes on after its last finished iteration (see rundir.Run)."""
     parts = ABLATIONS[cfg.ablation]   # which parts run: R's verdicts, R's training, E; the outcome in P's reward
     with Run(cfg) as run:
-        adapter, slots, models, engines, start = setup(cfg, run, parts.use_rm, parts.adapt_env)
+        adapter, slots, models, engines, start = setup(cfg, run, parts)
         for it in range(start + 1, cfg.iterations + 1):
             t_start, timings, synced, counted = time.perf_counter(), {}, sync_seconds(engines), engine_tokens(engines)
             seed_everything(iteration_seed(cfg, it) + dist.rank())  # a resumed run replays exactly
@@ -145,13 +145,13 @@ class Setup(NamedTuple):
     start: int               # the last finished iteration (0 for a fresh run)
 
 
-def setup(cfg: Config, run: Run, use_rm: bool, adapt_env: bool) -> Setup:
-    """The adapter, E's slots and the models, fresh or from the checkpoint; the initial eval (iteration 0)
-    of a fresh run."""
+def setup(cfg: Config, run: Run, parts: Row) -> Setup:
+    """The adapter, E's slots and the models (R's if the row uses R, E's if it adapts E in generate mode), fresh or
+    from the checkpoint; the initial eval (iteration 0) of a fresh run."""
     removed = sandbox.cleanup_stale()
     if removed:
         print(f"[loop] removed {removed} leftover sandbox folder(s) of killed runs")
-    adapter = tasks.get(cfg.task, cfg, env_mode=cfg.env_mode if adapt_env else None)
+    adapter = tasks.get(cfg.task, cfg, env_mode=cfg.env_mode if parts.adapt_env else None)
     if cfg.resume and run.fresh:
         print(f"[loop] {run.dir} has no finished iteration: starting it again from scratch", flush=True)
         run.restart()
@@ -164,8 +164,8 @@ def setup(cfg: Config, run: Run, use_rm: bool, adapt_env: bool) -> Setup:
         print(f"[loop] resuming {run.dir} after iteration {start}", flush=True)
     else:
         slots = env.make_slots(adapter.train_tasks())
-    env_init = cfg.env_model or cfg.model if adapt_env and cfg.env_mode == "generate" else ""
-    models, engines = build_models(cfg, use_rm, policy_init, rm_init, env_init)
+    env_init = cfg.env_model or cfg.model if parts.adapt_env and cfg.env_mode == "generate" else ""
+    models, engines = build_models(cfg, parts.use_rm, policy_init, rm_init, env_init)
     if cfg.resume:
         for name, m in models.items():
             if m.optimizer is not None and not load_optimizer(m.optimizer, run.ckpt / name, m.module):

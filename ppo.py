@@ -76,7 +76,7 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
     step is the one that overshoots (AdamW's first step is a sign step). Returns `Diagnostics.summary` ({}: no
     rank has a sample)."""
     lp = model if isinstance(model, LogProbs) else LogProbs(model)
-    ranks, per_step = mini_batches(samples, pad_id, next(lp.parameters()).device, micro_batch, steps, seed, pack)
+    ranks, minibatches = mini_batches(samples, pad_id, next(lp.parameters()).device, micro_batch, steps, seed, pack)
     if not ranks.sum(len(samples)):
         return {}
     log = Diagnostics()
@@ -85,15 +85,15 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
     start = [p.detach().clone() for p in params] if target_kl else []   # θ_old, for the line search
     old = {}   # π_old per micro-batch: a no-grad pass for those that train after the first optimizer step; the
     with torch.no_grad():   # first mini-batch's own forward pass gives its π_old (π_old = π_θ there: one pass saved)
-        for k, b in ranks.batches([k for group in per_step[1:] for k in group]):
+        for k, b in ranks.batches([k for mb in minibatches[1:] for k in mb]):
             old[k] = log.old(k, b, *lp(**inputs(b), amp=amp, entropy_at=b.mask.bool()))
             log.work["tokens_forward"] += b.tokens
-    for group in per_step:
-        n_seq = ranks.sequences(group)
+    for mb in minibatches:   # one optimizer step per mini-batch
+        n_seq = ranks.sequences(mb)
         if not n_seq:
             continue
         optimizer.zero_grad(set_to_none=True)
-        for k, b in ranks.batches(group):
+        for k, b in ranks.batches(mb):
             if k in old:
                 logp = lp(**inputs(b), amp=amp)                                           # [n, R]
             else:   # on-policy: this pass is π_old
@@ -102,11 +102,11 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
             pg, kl, ratio = token_loss(logp, old[k], b.adv, clip_eps, log_ratio_clamp)  # [n, R] each
             per_seq = ((pg + kl_beta * kl) * b.mask).sum(-1) / b.mask.sum(-1).clamp(min=1)  # [n] token-mean
             ranks.backward(per_seq, k, n_seq)                                         # mean over the mini-batch
-            log.step(k, b, per_seq, clipped(ratio, clip_eps), kl)
+            log.micro_batch(k, b, per_seq, clipped(ratio, clip_eps), kl)
         log.grad_norm(torch.nn.utils.clip_grad_norm_(lp.parameters(), max_grad_norm))
         warm_up(optimizer, warmup_steps)
         optimizer.step()
-    measure = lambda: update_size(lp, ranks, per_step, old, log, amp, clip_eps, log_ratio_clamp)  # noqa: E731
+    measure = lambda: update_size(lp, ranks, minibatches, old, log, amp, clip_eps, log_ratio_clamp)  # noqa: E731
     alpha, kl, clip = 1.0, *measure()
     if target_kl and kl > target_kl:
         alpha, kl, clip = line_search(params, start, measure, kl, target_kl)
@@ -115,13 +115,13 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
 
 
 @torch.no_grad()
-def update_size(lp, ranks, per_step, old: dict, log, amp: bool, clip_eps: float,
+def update_size(lp, ranks, minibatches, old: dict, log, amp: bool, clip_eps: float,
                 log_ratio_clamp: float) -> tuple[float, float]:
     """(KL, clip fraction) of π now against π_old: token means over every trained token of every rank, from one
     more forward pass: how far the whole update moved π, whatever the number of steps."""
     kl_sum = clip_sum = tokens = 0.0
     ranks.reshard(lp)        # the line search moves the shards in place: gather them afresh
-    for k, b in ranks.batches([k for group in per_step for k in group]):
+    for k, b in ranks.batches([k for mb in minibatches for k in mb]):
         logp = lp(**inputs(b), amp=amp)                                              # [n, R]
         log.work["tokens_forward"] += b.tokens
         if k is not None:
@@ -162,7 +162,7 @@ class Diagnostics:
         return logp
 
     @torch.no_grad()
-    def step(self, k, b: Batch, per_seq, clip, kl) -> None:
+    def micro_batch(self, k, b: Batch, per_seq, clip, kl) -> None:
         self.work["tokens_forward"] += b.tokens
         self.work["tokens_backward"] += b.tokens
         if k is not None:

@@ -98,7 +98,8 @@ def mini_batches(samples: list[Sample], pad_id: int, device, micro_batch: int, s
     """The update's data: micro-batches of `micro_batch` samples, a prompt's responses together so that they share
     its forward pass (`collate`; pack=False gives every sample a padded row), kept in step over the ranks
     (`dist.Lockstep`: ranks with fewer micro-batches run zero-weight ones), and the micro-batches of each of the
-    `steps` mini-batches, shuffled by `seed`. Returns (the Lockstep, a list of micro-batch indices per step)."""
+    `steps` mini-batches (one per optimizer step), shuffled by `seed`. Returns (the Lockstep, each mini-batch's
+    micro-batch indices)."""
     samples = pack_order(samples)
     micro = [samples[i:i + micro_batch] for i in range(0, len(samples), micro_batch)]
     ranks = dist.Lockstep(micro, lambda batch: collate(batch, pad_id, device, pack),

@@ -64,6 +64,9 @@ CONFIGS = {
     "lr1e-5-balance-batch": ["--rm-lr", "1e-5", "--rm-balance", "--rm-norm", "batch"],
     # every R update above hits the 0.01 trust region (α ≤ 0.5): R's own, wider, with a step that fills it
     "kl0.05-lr1e-5-balance": ["--rm-target-kl", "0.05", "--rm-lr", "1e-5", "--rm-balance"],
+    # the GUI runs R with no trust region (the released code's); its paper cell took updates of KL 0.2-0.3
+    "kl0.05": ["--rm-target-kl", "0.05"],
+    "kl0.05-balance": ["--rm-target-kl", "0.05", "--rm-balance"],
 }
 # λ is hardly a lever of per-step Eq. 3: z-scoring R_τ·S_j over a step's m judgments keeps only the sign of R_τ
 # (unless a verdict is unparseable: its fixed −2 does not scale), and R_τ = O_τ + λ·mean S has the sign of O_τ for

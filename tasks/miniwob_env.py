@@ -218,6 +218,12 @@ def _next_button(instruction: str, screen, earlier) -> set[int]:
     return _named(screen, {"button"}, words[len(pushed)])
 
 
+def _nth_textbox(n: int, screen) -> set[int]:
+    """focus-text-2: the n-th text input, in document order (refs grow in document order)."""
+    boxes = sorted(_named(screen, {"input_text"}))
+    return {boxes[n - 1]} if 0 < n <= len(boxes) else set()
+
+
 RIGHT = {
     "click-test": lambda ins, sc, earlier: _named(sc, {"button"}),
     "click-test-2": lambda ins, sc, earlier: _named(sc, {"button"}, re.fullmatch(r"Click button (.+)\.", ins).group(1)),
@@ -226,6 +232,9 @@ RIGHT = {
     "click-dialog": lambda ins, sc, earlier: _named(sc, {"button"}, "Close"),
     "click-button-sequence": _next_button,
     "focus-text": lambda ins, sc, earlier: _named(sc, {"input_text"}),
+    # two pages on no ladder (the OOD eval set)
+    "click-dialog-2": lambda ins, sc, earlier: _named(sc, {"button"}, {"x": "Close"}.get(q := _quoted(ins), q)),
+    "focus-text-2": lambda ins, sc, earlier: _nth_textbox(int(re.search(r"(\d+)\D\D input", ins).group(1)), sc),
 }
 
 
