@@ -151,6 +151,13 @@ def table(q: dict, m: int) -> str:
     return "\n".join(lines)
 
 
+def labelled_validation(adapter) -> list:
+    """The setting's validation tasks whose steps get exact labels (shared with scripts/rm_screen.py); [] for a
+    setting with no validation split or no labels (agent settings say which tasks have labels)."""
+    labelled = getattr(adapter, "labelled", lambda task: False)
+    return [t for t in getattr(adapter, "sets", {}).get("validation") or [] if labelled(t)]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--task", default="maze")
@@ -161,8 +168,7 @@ def main(argv=None) -> int:
         p.error("--tasks: must be >= 0")
     cfg = parse_args(["--task", args.task, "--validation", *loop_flags])
     adapter = tasks.get(cfg.task, cfg, env_mode=None)
-    labelled = getattr(adapter, "labelled", lambda task: False)   # agent settings say which tasks have labels
-    val = [t for t in getattr(adapter, "sets", {}).get("validation") or [] if labelled(t)]
+    val = labelled_validation(adapter)
     if not val:
         sys.exit(f"error: --task {cfg.task}: the premise check needs a validation split with step labels "
                  "(maze, osworld)")

@@ -49,7 +49,7 @@ import reward_model  # noqa: E402
 import tasks  # noqa: E402
 from plumbing.config import parse_args  # noqa: E402
 from plumbing.models import machine, seed_everything  # noqa: E402
-from scripts.premise import fixed_judges, judged  # noqa: E402
+from scripts.premise import fixed_judges, judged, labelled_validation  # noqa: E402
 
 # name → the loop flags that make the configuration (on top of the setting's defaults; R's levers of issue 25)
 CONFIGS = {
@@ -115,7 +115,7 @@ def run_cell(args, name: str, seed: int) -> None:
     models, engines = loop.build_models(cfg, True, cfg.model, cfg.rm_model or cfg.model)
     (folder / "config.json").write_text(json.dumps({"config": name, "flags": CONFIGS[name], **vars(cfg)}, indent=1))
     (folder / "machine.jsonl").write_text(json.dumps(machine()) + "\n")
-    val = [t for t in adapter.sets.get("validation", []) if adapter.labelled(t)]
+    val = labelled_validation(adapter)
     if not val:
         sys.exit(f"error: --task {args.task} has no labelled validation tasks to measure R on")
     val = [val[k] for k in range(0, len(val), max(1, len(val) // args.val_tasks))][:args.val_tasks]
