@@ -67,6 +67,8 @@ CONFIGS = {
     # the GUI runs R with no trust region (the released code's); its paper cell took updates of KL 0.2-0.3
     "kl0.05": ["--rm-target-kl", "0.05"],
     "kl0.05-balance": ["--rm-target-kl", "0.05", "--rm-balance"],
+    # R trains on every sample of its iteration, as the released code does (the GUI's CPU default keeps 32 of ~120)
+    "all-kl0.05-balance": ["--max-train-samples", "0", "--rm-target-kl", "0.05", "--rm-balance"],
 }
 # λ is hardly a lever of per-step Eq. 3: z-scoring R_τ·S_j over a step's m judgments keeps only the sign of R_τ
 # (unless a verdict is unparseable: its fixed −2 does not scale), and R_τ = O_τ + λ·mean S has the sign of O_τ for
