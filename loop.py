@@ -39,7 +39,7 @@ import environment as env
 import policy
 import reward_model
 import tasks
-from plumbing.config import ABLATIONS, Config, ConfigError, Row, check_distributed, describe, parse_args
+from plumbing.config import ABLATIONS, Config, ConfigError, Row, describe, parse_args
 from plumbing.engines import engine_tokens, make_engines, sync_seconds
 from plumbing.models import ModelError, Trained, add_lora, dither_off_bf16, load, seed_everything
 from plumbing.vision import freeze_tower
@@ -126,9 +126,9 @@ def env_sampling(cfg: Config) -> Sampling:
 
 
 def eval_due(cfg: Config, it: int) -> bool:
-    """Every --eval-every iterations and after the last (-1: never). Under torchrun rank 0 evaluates."""
-    due = cfg.eval_every > 0 and it % cfg.eval_every == 0 or it == cfg.iterations and cfg.eval_every >= 0
-    return due and dist.rank() == 0
+    """Every --eval-every iterations and after the last (-1: never). Under torchrun every rank evaluates its
+    share of the eval tasks (tasks.eval_groups)."""
+    return cfg.eval_every > 0 and it % cfg.eval_every == 0 or it == cfg.iterations and cfg.eval_every >= 0
 
 
 def iteration_seed(cfg: Config, it: int) -> int:
@@ -174,12 +174,13 @@ def setup(cfg: Config, run: Run, parts: Row) -> Setup:
     run.create(start)
     if not cfg.resume:   # "before": evaluate the initial models (unless --eval-every -1), commit iteration 0
         results = {}
-        if cfg.eval_every >= 0 and dist.rank() == 0:
-            seed_everything(cfg.seed)
+        if cfg.eval_every >= 0:
+            seed_everything(cfg.seed + dist.rank())
             t0 = time.perf_counter()
             results = evaluate(cfg, adapter, engines)
-            print(f"[loop] iteration 0 (before training) eval in {time.perf_counter() - t0:.0f}s")
-            print_table({k.removeprefix("eval/"): v for k, v in results.items()})
+            if run.writer:
+                print(f"[loop] iteration 0 (before training) eval in {time.perf_counter() - t0:.0f}s")
+                print_table({k.removeprefix("eval/"): v for k, v in results.items()})
             adapter.pop_timings()
             results |= sandbox_row()
         run.finish(0, results, models, slots)
@@ -266,9 +267,9 @@ def build_models(cfg: Config, use_rm: bool, policy_init: str, rm_init: str, env_
             if cfg.grad_checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             module = model
-            if dist.active():   # train a sharded copy; `model` keeps the full weights the engine samples from
-                module = copy.deepcopy(model)
-                module = dist.shard(LogProbs(module), module.get_decoder().layers, bf16=cfg.amp and cfg.train_amp)
+            if dist.active() and not cfg.eval_only:   # train a sharded copy; `model` keeps the full weights the
+                module = copy.deepcopy(model)               # engine samples from
+                module = dist.shard(LogProbs(module), module, bf16=cfg.amp and cfg.train_amp)
             models[name] = Trained(model, tok, None if cfg.fresh_optimizer else make_optimizer(module, lr), module)
     to_serve = {k: (m.model, m.tokenizer) for k, m in models.items()}
     if env_init:
@@ -278,7 +279,8 @@ def build_models(cfg: Config, use_rm: bool, policy_init: str, rm_init: str, env_
                            max_model_len=cfg.max_model_len, gpu_memory_utilization=cfg.vllm_gpu_memory)
     print(f"[loop] engine {cfg.engine}: {type(engines['policy']).__name__} for {', '.join(engines)} "
           f"(ready in {time.perf_counter() - t0:.0f}s)", flush=True)
-    if dist.active():   # each rank samples from a full copy, refreshed from the shards after every update
+    if dist.active() and not cfg.eval_only:   # each rank samples from a full copy, refreshed from the shards
+        # after every update
         engines |= {k: dist.Synced(engines[k], m.module) for k, m in models.items()}
     return models, engines
 
@@ -313,10 +315,11 @@ def eval_only(cfg: Config) -> None:
     else:
         raise ConfigError(f"--checkpoint {cfg.checkpoint}: neither a run folder nor a model folder")
     adapter = tasks.get(cfg.task, cfg)
-    _, engines = build_models(cfg, True, policy_init, rm_init)
-    seed_everything(cfg.seed)
-    results = evaluate(cfg, adapter, engines)
-    print_table({k.removeprefix("eval/"): v for k, v in results.items()})
+    _, engines = build_models(cfg, True, policy_init, rm_init)   # under torchrun, a full copy on each rank
+    seed_everything(cfg.seed + dist.rank())
+    results = evaluate(cfg, adapter, engines)   # each rank plays its share of the tasks
+    if dist.rank() == 0:
+        print_table({k.removeprefix("eval/"): v for k, v in results.items()})
 
 
 # ───────────────────────────── helpers ─────────────────────────────
@@ -362,13 +365,15 @@ def main(argv=None) -> int:
     cfg = None
     try:
         cfg = parse_args(argv)
-        check_distributed(cfg, dist.init()[1])
+        dist.init()
         if dist.rank() == 0:
             print(f"[loop] {describe(cfg)}", flush=True)
         if cfg.eval_only:
             eval_only(cfg)
         else:
-            print(f"[loop] run folder: {train(cfg)}")
+            folder = train(cfg)
+            if dist.rank() == 0:
+                print(f"[loop] run folder: {folder}")
     except (ConfigError, ModelError, tasks.TaskError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -365,13 +365,3 @@ def parse_args(argv=None) -> Config:
     cfg.name = _run_name(cfg)
     return cfg
 
-
-def check_distributed(cfg: Config, world: int) -> None:
-    """Under torchrun (world > 1), what the multi-process path does not cover yet is a one-line error,
-    never a silent change."""
-    if world == 1:
-        return
-    vlm = any(map(names_vlm, (cfg.model, cfg.rm_model or cfg.model)))
-    for bad, flag in [(cfg.lora_rank, "--lora-rank"), (cfg.eval_only, "--eval-only"), (vlm, "a vision-language model")]:
-        if bad:
-            raise ConfigError(f"{flag} is not supported under torchrun yet (run it in one process)")

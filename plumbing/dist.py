@@ -8,7 +8,8 @@ reader of the method can skip this file.
 
 - Process group: `init()` reads torchrun's environment (RANK, WORLD_SIZE, ...); NCCL on GPU, gloo on CPU.
 - Training: `shard()` applies FSDP2 (`fully_shard`) to each decoder layer, then to the root, which is the
-  log-prob module of ppo.py (so every forward goes through the root's hooks).
+  log-prob module of ppo.py (so every forward goes through the root's hooks). A VLM's frozen vision tower
+  stays whole on every rank; LoRA adapters are sharded with their layers.
 - Equal work: ranks hold different sample counts (zero advantages are dropped), but every optimizer
   step must run the same collectives on every rank; `all_max` sizes the padding, `all_sum` the
   global sequence count the loss is averaged over (ppo.ppo_update).
@@ -119,17 +120,30 @@ def broadcast(obj):
     return box[0]
 
 
-def shard(module, layers, bf16: bool = False):
-    """FSDP2 on each decoder layer, then on the root `module` (call before building the optimizer). bf16:
-    compute in bf16 with fp32 gradient reduction (the loop passes --amp, on where bf16 is native)."""
+def shard(root, model, bf16: bool = False):
+    """FSDP2 on each decoder layer of `model`, then on `root` (the log-prob module wrapping it; call before building
+    the optimizer). bf16: compute in bf16 with fp32 gradient reduction (the loop passes --amp, on where bf16 is
+    native). A vision-language model's tower (plumbing/vision.py): frozen, it stays whole on every rank, outside
+    FSDP2 (`ignored_params`: no rank changes it, so gathering it at every forward would buy nothing); trained
+    (--train-vision), each of its blocks is sharded as a decoder layer is. LoRA adapters are sharded with the layer
+    they sit in, next to its frozen base weights (a parameter group may mix trainable and frozen tensors)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from plumbing import vision
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else \
         MixedPrecisionPolicy()
-    for layer in layers:
-        fully_shard(layer, mp_policy=mp)
-    fully_shard(module, mp_policy=mp)
-    return module
+    units, ignored = list(model.get_decoder().layers), set()
+    if vision.is_vlm(model):
+        tower = vision.backbone(model).visual
+        if any(p.requires_grad for p in tower.parameters()):
+            units += list(tower.blocks)
+        else:
+            ignored = set(tower.parameters())
+    for unit in units:
+        fully_shard(unit, mp_policy=mp)
+    fully_shard(root, mp_policy=mp, ignored_params=ignored or None)
+    return root
 
 
 def reshard(module) -> None:

@@ -181,8 +181,10 @@ def m_dist(args) -> None:
     import ppo
     rank, world = dist.init()
     model, tok = models.load(args.model)
+    if args.lora_rank:   # adapters sharded with their layers, next to the frozen base weights (dist.shard)
+        model = models.add_lora(model, args.lora_rank)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    lp = dist.shard(logprobs.LogProbs(model), model.get_decoder().layers) if world > 1 else model
+    lp = dist.shard(logprobs.LogProbs(model), model) if world > 1 else model
     optimizer = ppo.make_optimizer(lp, 1e-6)
     mine = dist.shard_tasks(random_samples(len(tok)))
     step = lambda: ppo.ppo_update(lp, optimizer, mine, tok.pad_token_id, steps=1, micro_batch=4,  # noqa: E731
@@ -190,8 +192,8 @@ def m_dist(args) -> None:
     step()  # warm-up
     secs = statistics.median(timed(step, args.repeats))
     if rank == 0:
-        emit(part="dist", ranks=world, s_per_step=secs, tok_s=8 * 512 / secs, tok_s_per_rank=8 * 512 / secs / world,
-             peak_rss_gib=peak_rss_gib())
+        emit(part="dist", ranks=world, lora_rank=args.lora_rank, s_per_step=secs, tok_s=8 * 512 / secs,
+             tok_s_per_rank=8 * 512 / secs / world, peak_rss_gib=peak_rss_gib())
     dist.exit_process(0)
 
 
@@ -390,7 +392,7 @@ def run(python: str, measure: str, args, ranks: int = 0, **extra) -> list[dict]:
     launch = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)] if ranks else [python]
     cmd = [*launch, __file__, "--measure", measure, "--model", args.model, "--repeats", str(args.repeats)]
     for k, v in extra.items():
-        cmd += [f"--{k}", str(v)]
+        cmd += [f"--{k.replace('_', '-')}", str(v)]
     print(f"[bench] {measure} {extra or ''}", file=sys.stderr, flush=True)
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     rows = [json.loads(x[6:]) for x in r.stdout.splitlines() if x.startswith("BENCH ")]
@@ -423,6 +425,8 @@ def main() -> None:
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, from {PARTS}")
     p.add_argument("--model", default="smollm2")
     p.add_argument("--repeats", type=int, default=3, help="runs per measurement; the tables show medians")
+    p.add_argument("--lora-rank", type=int, default=16, help="dist part: also measure LoRA adapters of this rank "
+                                                             "(0: full fine-tune only)")
     p.add_argument("--tasks", default="livebench", help="tasks for the loop part")
     p.add_argument("--engines", default="hf,vllm", help="engines for the sampling and loop parts (vllm: where installed)")
     p.add_argument("--runs", nargs="*", default=[], help="loop part: instead of running iterations, read these run "
@@ -502,10 +506,12 @@ def main() -> None:
               [[r["image_tokens"], r["prompt_tokens"], r["sample_tok_s"], r["s_per_step"], r["step_tok_s"],
                 r["peak_rss_gib"]] for r in rows])
     if "dist" in parts:
-        rows = run(py, "dist", args) + run(py, "dist", args, ranks=2)   # 1 rank: one plain process, every core
+        rows = [row for lora in dict.fromkeys((0, args.lora_rank)) for row in   # 1 rank: one plain process, every core
+                run(py, "dist", args, lora_rank=lora) + run(py, "dist", args, ranks=2, lora_rank=lora)]
         table("Distributed PPO step, 8 × 512 tokens (2 ranks: torchrun, gloo, FSDP2, one thread per rank)",
-              ["ranks", "s/step", "tok/s, all ranks", "tok/s per rank", "peak RSS GiB (rank 0)"],
-              [[r["ranks"], r["s_per_step"], r["tok_s"], r["tok_s_per_rank"], r["peak_rss_gib"]] for r in rows])
+              ["ranks", "LoRA rank", "s/step", "tok/s, all ranks", "tok/s per rank", "peak RSS GiB (rank 0)"],
+              [[r["ranks"], r["lora_rank"] or "full", r["s_per_step"], r["tok_s"], r["tok_s_per_rank"],
+                r["peak_rss_gib"]] for r in rows])
     if "trl" in parts:
         rows = run(py, "ours_grpo", args, engine=kinds[-1]) + \
             [(run(trl_python(), "trl_grpo", args, engine=e) or [{"who": "trl", "engine": e, "s_per_iter": "failed"}])[0]

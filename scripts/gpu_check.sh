@@ -4,7 +4,8 @@
 # answer on a screenshot against the transformers engine's), then the closed loop for 2 iterations on CUDA with the
 # transformers engine and the tiny model, and its per-stage times; with vLLM installed, the same loop
 # with --engine vllm; with 2 or more GPUs, the loop on 2 ranks (torchrun, NCCL, FSDP2), also with one vLLM
-# engine per rank when vLLM is installed. Under 5 minutes.
+# engine per rank when vLLM is installed, and the tiny VLM's FSDP2 update on 2 ranks against one process's.
+# Under 5 minutes.
 # Run from the repo root:  bash scripts/gpu_check.sh     (the device image has torch/transformers/peft;
 # it has no bubblewrap, so model-written code runs under the sandbox's rlimit mode, said out loud)
 set -euo pipefail
@@ -96,5 +97,25 @@ if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; t
             --eval-every -1 --humaneval-limit 0 --vllm-gpu-memory 0.2 --runs-dir "$runs" --name gpu-2ranks-vllm
         check "$runs/gpu-2ranks-vllm/metrics.jsonl"
     fi
+    # the vision-language model on 2 ranks (FSDP2 over NCCL, its frozen tower whole on each rank, a screenshot per
+    # sample): the update must equal one process's, and each rank's engine copy must hold the updated weights
+    mkdir -p "$runs/vlm-2ranks"
+    torchrun --standalone --nproc-per-node 2 tests/dist_worker.py "$runs/vlm-2ranks" vlm
+    python3 - "$runs/vlm-2ranks" <<'PY'
+import sys, torch
+sys.path.insert(0, "tests")
+import dist_worker as w
+from plumbing.logprobs import LogProbs
+from ppo import make_optimizer
+model, tok = w.build("vlm")
+lp = LogProbs(model)
+w.update(lp, make_optimizer(lp, 1e-2), w.fixed_samples(tok, "vlm"), tok.pad_token_id, steps=1, target_kl=w.TARGET_KL)
+got = torch.load(f"{sys.argv[1]}/update0.pt")["weights"]
+diff = max((got[k].cpu() - v.cpu()).abs().max().item() for k, v in model.state_dict().items())
+last = torch.load(f"{sys.argv[1]}/update1.pt")["weights"]
+synced = all(torch.equal(torch.load(f"{sys.argv[1]}/synced{r}.pt")[k].cpu(), last[k].cpu()) for r in (0, 1) for k in last)
+print(f"VLM update on 2 GPU ranks against one process: max |dw| {diff:.2e}; engines synced: {synced}")
+assert diff < 1e-4 and synced
+PY
 fi
 echo "GPU check finished"

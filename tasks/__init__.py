@@ -15,7 +15,9 @@ import random
 import statistics
 from typing import Protocol
 
+from plumbing import dist
 from records import Group, Task
+from reward_model import balanced
 
 
 class Setting(Protocol):
@@ -127,12 +129,15 @@ def chosen_sets(sets: dict[str, list[Task]], cfg) -> dict[str, list[Task]]:
 
 def eval_groups(adapter, sets: dict[str, list[Task]], policy, rm, cfg) -> dict[str, list[Group]]:
     """Every eval set played in ONE rollout call (and judged in one call when R is given), then split
-    back by set: bigger batches are faster. eval set name → its groups."""
+    back by set: bigger batches are faster. Under torchrun each rank plays and judges its share of the
+    tasks, and every rank gets every group back. eval set name → its groups."""
     names = [name for name, ts in sets.items() for _ in ts]
-    groups = adapter.rollout([t for ts in sets.values() for t in ts], cfg.eval_samples, policy, cfg,
-                             temperature=cfg.eval_temperature, max_turns=cfg.eval_max_turns or cfg.max_turns)
-    if rm is not None:
+    mine = dist.shard_tasks([t for ts in sets.values() for t in ts])
+    groups = adapter.rollout(mine, cfg.eval_samples, policy, cfg, temperature=cfg.eval_temperature,
+                             max_turns=cfg.eval_max_turns or cfg.max_turns) if mine else []
+    if rm is not None and groups:
         adapter.judge(groups, rm, cfg)
+    groups = dist.unshard(groups)
     return {name: [g for g, n in zip(groups, names) if n == name] for name in sets}
 
 
@@ -170,12 +175,53 @@ def paired_gain(before: list[float], after: list[float]) -> tuple[float, float]:
     return statistics.fmean(d) if d else nan, statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else nan
 
 
+def _bootstrap(n: int, draws: int, seed: int) -> list[list[int]]:
+    """`draws` resamples, with replacement, of n task indices (a fixed seed: the same SE on every call)."""
+    rng = random.Random(seed)
+    return [[rng.randrange(n) for _ in range(n)] for _ in range(draws)]
+
+
+def _pooled(counts) -> list[int]:
+    return [sum(c[k] for c in counts) for k in range(4)]
+
+
+def bacc_se(counts: list[list[int]], draws: int = 2000, seed: int = 0) -> float:
+    """The standard error of an eval set's balanced Process Acc (reward_model.balanced over the tasks' pooled
+    `process_counts`), from a bootstrap over its tasks with labelled steps: a task's steps share its episodes, so
+    the task is the unit that was sampled, as in `mean_se`. NaN for fewer than two such tasks."""
+    have = [c for c in counts if c[0] + c[2]]
+    if len(have) < 2:
+        return float("nan")
+    return statistics.stdev(balanced(_pooled([have[i] for i in pick])) for pick in _bootstrap(len(have), draws, seed))
+
+
+def paired_bacc_gain(before: list[list[int]], after: list[list[int]], draws: int = 2000,
+                     seed: int = 0) -> tuple[float, float]:
+    """Balanced Process Acc's gain between two evals of the same tasks (per-task `process_counts`) and its
+    standard error, from a paired bootstrap: each resample draws tasks and keeps both evals' counts of a task
+    together, so the spread between easy and hard tasks cancels, as in `paired_gain`. Over the tasks with
+    labelled steps at both evals; NaN SE for fewer than two."""
+    if len(before) != len(after):
+        raise ValueError(f"paired_bacc_gain: {len(before)} tasks before, {len(after)} after")
+    both = [(b, a) for b, a in zip(before, after) if b[0] + b[2] and a[0] + a[2]]
+    gain = balanced(_pooled([a for _, a in both])) - balanced(_pooled([b for b, _ in both]))
+    if len(both) < 2:
+        return gain, float("nan")
+    return gain, statistics.stdev(balanced(_pooled([both[i][1] for i in pick])) -
+                                  balanced(_pooled([both[i][0] for i in pick]))
+                                  for pick in _bootstrap(len(both), draws, seed))
+
+
 def gains(before: dict, row: dict) -> dict:
     """Every eval accuracy of `row` that `before` (the iteration-0 row) measured on the same tasks:
-    `key`_gain and `key`_gain_se, its paired gain over iteration 0."""
+    `key`_gain and `key`_gain_se, its paired gain over iteration 0 (balanced Process Acc's from the per-task
+    counts)."""
     out = {}
     for k, after in row.items():
-        if k.endswith("_tasks") and len(before.get(k, ())) == len(after):
+        if k.endswith("/process_counts_tasks") and len(before.get(k, ())) == len(after):
+            base = k.removesuffix("_counts_tasks") + "_bacc"
+            out[base + "_gain"], out[base + "_gain_se"] = paired_bacc_gain(before[k], after)
+        elif k.endswith("_tasks") and len(before.get(k, ())) == len(after):
             base = k.removesuffix("_tasks")
             out[base + "_gain"], out[base + "_gain_se"] = paired_gain(before[k], after)
     return out

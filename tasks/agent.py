@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 from plumbing.engines import ANSWER_PREFIX, boxed, prefilled
 from records import Group, Rollout, Step, Task, stage
-from reward_model import agent_metrics, judge_steps, theorem1_metrics
-from tasks import AdapterBase, accuracy, eval_groups
+from reward_model import agent_metrics, judge_steps, process_counts, theorem1_metrics
+from tasks import AdapterBase, accuracy, bacc_se, eval_groups
 
 HISTORY = 3   # P and R see the last HISTORY actions
 
@@ -143,7 +143,8 @@ class AgentAdapter(AdapterBase):
     def evaluate(self, sets: dict[str, list[Task]], policy, rm, cfg) -> dict:
         """Per eval set: success (± its standard error), and with R its Outcome Acc, and its Process Acc
         where the set's steps carry ground-truth labels (with the two references of reward_model.agent_metrics:
-        the majority label's share and the balanced accuracy)."""
+        the majority label's share and the balanced accuracy; the balanced accuracy's standard error over the
+        tasks, and each task's `process_counts`, which `tasks.gains` pairs against iteration 0)."""
         out = {}
         for name, mine in eval_groups(self, sets, policy, rm, cfg).items():
             out |= accuracy(f"{name}/success", mine)
@@ -153,6 +154,8 @@ class AgentAdapter(AdapterBase):
                 labels = any(st.label is not None for ro in rollouts for st in ro.steps)
                 if labels:
                     out |= {f"{name}/{k}": m[k] for k in ("process_acc", "process_majority", "process_bacc")}
+                    out[f"{name}/process_counts_tasks"] = counts = [process_counts(g.rollouts) for g in mine]
+                    out[f"{name}/process_bacc_se"] = bacc_se(counts)
                 out[f"{name}/outcome_acc"] = m["outcome_acc"]
                 out |= {f"{name}/{k}": v for k, v in theorem1_metrics(rollouts, cfg.m, labels).items()}
         return out

@@ -8,6 +8,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import golden  # noqa: E402
 import loop  # noqa: E402
+from plumbing import dist  # noqa: E402
 
 if __name__ == "__main__":
     real = loop.make_engines
@@ -18,4 +19,4 @@ if __name__ == "__main__":
         return {n: golden.Scripted(e, by_occurrence=True) for n, e in engines.items()}
 
     loop.make_engines = scripted
-    sys.exit(loop.main(sys.argv[1:]))
+    dist.exit_process(loop.main(sys.argv[1:]))   # as loop.py exits

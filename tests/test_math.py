@@ -363,6 +363,23 @@ def test_paired_gain_by_hand():
         paired_gain([0.0, 1.0], [1.0])
 
 
+def test_balanced_process_acc_standard_errors_by_hand():
+    """Per-task [n₊, hits₊, n₋, hits₋]. Two tasks, (1, 1, 0, 0) and (0, 0, 1, 0): pooled bAcc (1 + 0) / 2 = 0.5. A
+    bootstrap draw of 2 tasks is {1, 1} (p 1/4: bAcc 1), {2, 2} (p 1/4: 0) or one of each (p 1/2: 0.5), so the
+    bootstrap SE is √(¼·0.25 + ¼·0.25) = √0.125 = 0.354. Paired: (1, 0, 0, 0), (0, 0, 1, 0) → (1, 1, 0, 0),
+    (0, 0, 1, 1) moves every draw from 0 to 1, a gain of 1 with SE 0."""
+    from tasks import bacc_se, gains, paired_bacc_gain
+    assert bacc_se([[1, 1, 0, 0], [0, 0, 1, 0]], draws=20000) == pytest.approx(math.sqrt(0.125), abs=0.005)
+    assert bacc_se([[2, 1, 2, 1], [0, 0, 0, 0], [2, 1, 2, 1]]) == 0.0   # unlabelled tasks left out; no spread
+    assert math.isnan(bacc_se([[2, 1, 2, 1], [0, 0, 0, 0]]))            # one labelled task: no SE
+    before, after = [[1, 0, 0, 0], [0, 0, 1, 0]], [[1, 1, 0, 0], [0, 0, 1, 1]]
+    assert paired_bacc_gain(before, after) == (1.0, 0.0)
+    assert gains({"in_domain/process_counts_tasks": before}, {"in_domain/process_counts_tasks": after}) == \
+        {"in_domain/process_bacc_gain": 1.0, "in_domain/process_bacc_gain_se": 0.0}
+    with pytest.raises(ValueError):
+        paired_bacc_gain(before, after[:1])
+
+
 def test_eval_accuracy_keeps_each_task_and_gains_pair_them():
     from tasks import accuracy, gains, headline
     task = Task("t", "p", {})

@@ -175,6 +175,10 @@ def test_cli_two_iterations_each_ablation(tmp_path, ablation):
                           "--eval-every", "0")
     assert "eval/ood/success" in rows[0] and "eval/in_domain/success_se" in rows[-1]
     assert ("eval/in_domain/process_acc" in rows[-1]) == (ablation != "grpo")
+    if ablation != "grpo":   # per task, R's labelled steps and hits, paired against iteration 0
+        counts = rows[-1]["eval/in_domain/process_counts_tasks"]
+        assert len(counts) == 3 and all(len(c) == 4 and c[1] <= c[0] and c[3] <= c[2] for c in counts)
+        assert "eval/in_domain/process_bacc_gain_se" in rows[-1] and "eval/in_domain/process_bacc_se" in rows[-1]
 
 
 @pytest.mark.slow

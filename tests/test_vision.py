@@ -18,7 +18,6 @@ import loop
 import ppo
 from loop_cli import two_iterations
 from plumbing import logprobs, models, vision
-from plumbing.config import ConfigError, check_distributed
 from plumbing.engines import HFEngine, make_engines, render_chat, vllm_usable
 from records import Sample
 from reward_model import judge_steps
@@ -144,11 +143,6 @@ def test_vllm_on_cpu_refuses_a_vlm_in_one_line(vlm, capsys):
         make_engines("vllm", {"policy": vlm})
     engines = make_engines("auto", {"policy": vlm})
     assert isinstance(engines["policy"], HFEngine) and vision.VLLM_VLM_CPU in capsys.readouterr().out
-
-
-def test_torchrun_refuses_a_vlm_in_one_line():
-    with pytest.raises(ConfigError, match="vision-language model is not supported under torchrun"):
-        check_distributed(loop.parse_args(["--task", "osworld", "--model", vision.TINY_VLM]), world=2)
 
 
 def rollout_and_judge(adapter, model, tok, cfg):
