@@ -29,6 +29,8 @@ import sys
 import torch
 import torch.distributed as td
 
+from plumbing import vision
+
 
 def active() -> bool:
     """Several ranks are running (vLLM's own one-process group does not count)."""
@@ -128,8 +130,6 @@ def shard(root, model, bf16: bool = False):
     (--train-vision), each of its blocks is sharded as a decoder layer is. LoRA adapters are sharded with the layer
     they sit in, next to its frozen base weights (a parameter group may mix trainable and frozen tensors)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    from plumbing import vision
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else \
         MixedPrecisionPolicy()

@@ -9,6 +9,7 @@ have in a row of its own (tests/test_models.py checks both ways give the same up
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import NamedTuple
 
@@ -102,11 +103,19 @@ def mini_batches(samples: list[Sample], pad_id: int, device, micro_batch: int, s
     micro-batch indices)."""
     samples = pack_order(samples)
     micro = [samples[i:i + micro_batch] for i in range(0, len(samples), micro_batch)]
-    ranks = dist.Lockstep(micro, lambda batch: collate(batch, pad_id, device, pack),
-                          blank=[Sample([pad_id], [pad_id], 0.0)])
+    ranks = dist.Lockstep(micro, lambda batch: collate(batch, pad_id, device, pack), blank=blank(samples, pad_id))
     order = list(range(len(micro)))
     random.Random(seed).shuffle(order)
     return ranks, [order[s::steps] for s in range(steps)]
+
+
+def blank(samples: list[Sample], pad_id: int) -> list[Sample]:
+    """The sample of a micro-batch that trains nothing (`dist.Lockstep` pads a rank with it): one pad token, or, when
+    any rank's samples carry screenshots, a zero-advantage copy of one of them, so that every rank's forward runs
+    the vision tower (under --train-vision its blocks are sharded, and each forward gathers them on every rank).
+    A collective under torchrun."""
+    shown = next((s for s in dist.gather(next((s for s in samples if s.vision), None)) if s is not None), None)
+    return [dataclasses.replace(shown, advantage=0.0, logprobs=None) if shown else Sample([pad_id], [pad_id], 0.0)]
 
 
 def inputs(b: Batch) -> dict:

@@ -86,6 +86,7 @@ LADDERS = {
 OOD_PAGES = ["click-dialog-2", "click-widget", "focus-text-2", "enter-text-dynamic", "login-user-popup",
              "click-checkboxes-soft", "click-collapsible-2", "click-tab-2-hard", "navigate-tree"]
 TRAIN_SEEDS, VALIDATION_SEEDS, EVAL_SEED0 = range(4), range(500, 504), 1000
+PROCESS_SEEDS = range(1100, 1104)   # unseen seeds of the pages with step labels: R's Process Acc over more tasks
 
 POLICY_PROMPT = """You operate a {where} to complete a task.
 Task: {instruction}
@@ -137,9 +138,11 @@ def ladder_task(ladder: str, rung: int, seed: int, hint: bool = False, split: st
                 ladder=ladder, level=2 * rung + (0 if hint else 1), origin="original")
 
 
-def miniwob_sets() -> dict[str, list[Task]]:
+def miniwob_sets(labelled: set[str]) -> dict[str, list[Task]]:
     """train: every ladder page × TRAIN_SEEDS; validation (for choosing hyperparameters): the same pages ×
-    VALIDATION_SEEDS; in_domain: the same pages, an unseen seed each; ood: pages on no ladder, unseen seeds."""
+    VALIDATION_SEEDS; in_domain: the same pages, an unseen seed each; ood: pages on no ladder, unseen seeds.
+    process and ood_process: the pages of in_domain and ood whose steps carry exact labels (`labelled`,
+    miniwob_env.RIGHT) × PROCESS_SEEDS, so that R's Process Acc is measured over 4 tasks a page, not one."""
     train = [ladder_task(name, k, s) for name, rungs in LADDERS.items() for k in range(len(rungs)) for s in TRAIN_SEEDS]
     seen = [ladder_task(name, k, EVAL_SEED0 + k, split="eval") for name, rungs in LADDERS.items()
             for k in range(len(rungs))]
@@ -147,7 +150,12 @@ def miniwob_sets() -> dict[str, list[Task]]:
                 origin="original") for p in OOD_PAGES]
     validation = [ladder_task(name, k, s, split="validation") for name, rungs in LADDERS.items()
                   for k in range(len(rungs)) for s in VALIDATION_SEEDS]
-    return {"train": train, "validation": validation, "in_domain": seen, "ood": ood}
+    process = [ladder_task(name, k, s, split="process") for name, rungs in LADDERS.items()
+               for k, (page, _) in enumerate(rungs) if page in labelled for s in PROCESS_SEEDS]
+    ood_process = [Task(id=f"ood_process/{p}/s{s}", prompt=p, data={"page": p, "seed": s, "hint": ""},
+                        origin="original") for p in OOD_PAGES if p in labelled for s in PROCESS_SEEDS]
+    return {"train": train, "validation": validation, "in_domain": seen, "ood": ood, "process": process,
+            "ood_process": ood_process}
 
 
 # ───────────────────────────── episodes ─────────────────────────────
@@ -185,13 +193,13 @@ class Adapter(AgentAdapter):
         self._lock = threading.Lock()        # episodes step in parallel threads; counts go through it
         if cfg.backend == "miniwob":
             from tasks.gui import Pool
-            from tasks.miniwob_env import Browser, MiniWoB, chrome_paths
+            from tasks.miniwob_env import RIGHT, Browser, MiniWoB, chrome_paths
             try:
                 chrome_paths()
             except RuntimeError as e:
                 raise TaskError(str(e)) from None
             pool = Pool(lambda: Browser(cfg.screenshots, cfg.browser_timeout))
-            self.backend, self.sets = MiniWoB(pool), miniwob_sets()
+            self.backend, self.sets = MiniWoB(pool), miniwob_sets(set(RIGHT))
             self.where = "web browser"
         elif cfg.backend == "osworld":
             from tasks.osworld_env import OSWorld, load_tasks

@@ -1,8 +1,9 @@
 """Run by tests/test_dist.py under torchrun (2 ranks, gloo, CPU): FSDP2-sharded PPO updates (Eq. 5) on
 unequal sample counts per rank. Rank 0 saves the full weights after each update for the test to compare.
 The second argument picks the model: "text" (the tiny model), "vlm" (the tiny Qwen3-VL, its vision tower
-frozen, samples with screenshots) or "lora" (the tiny model with LoRA adapters); for "vlm" and "lora" each
-rank then refreshes a transformers engine's full copy from the shards (dist.Synced) and saves its weights.
+frozen, samples with screenshots), "vlm-tower" (its tower trained too) or "lora" (the tiny model with LoRA
+adapters); for those three each rank then refreshes a transformers engine's full copy from the shards
+(dist.Synced) and saves its weights.
 "vllm": the text model, then each rank's vLLM engine (external_launcher), started on the initial weights, is
 refreshed from the shards and decodes PROMPTS greedily; rank 0 decodes once more alone, as its evaluation
 does. Each rank saves its tokens."""
@@ -29,15 +30,16 @@ ADVANTAGES = [1.0, -1.0, 0.5, -0.5]
 
 
 def build(kind: str):
-    """(model, tokenizer) for "text", "vllm", "vlm" (its vision tower frozen, as the loop trains it) or "lora"."""
-    model, tok = load(vision.TINY_VLM if kind == "vlm" else "tiny", seed=0)
-    vision.freeze_tower(model, train=False)
+    """(model, tokenizer) for "text", "vllm", "vlm" (its vision tower frozen, as the loop trains it), "vlm-tower"
+    (the tower trained too: --train-vision) or "lora"."""
+    model, tok = load(vision.TINY_VLM if kind.startswith("vlm") else "tiny", seed=0)
+    vision.freeze_tower(model, train=kind == "vlm-tower")
     return (add_lora(model, 4) if kind == "lora" else model), tok
 
 
 def fixed_samples(tok, kind: str = "text") -> list[Sample]:
     """TEXTS as responses to one prompt; for "vlm" the prompt shows a screenshot, a different one per sample."""
-    if kind != "vlm":
+    if not kind.startswith("vlm"):
         prompt = tok("question: ", add_special_tokens=False)["input_ids"]
         return [Sample(prompt, tok(t, add_special_tokens=False)["input_ids"], a) for t, a in zip(TEXTS, ADVANTAGES)]
     shots = np.random.default_rng(0).integers(0, 256, (len(TEXTS), 64, 96, 3), dtype=np.uint8)
@@ -74,7 +76,7 @@ if __name__ == "__main__":
         if rank == 0:
             torch.save({"weights": weights, "grad_norm": stats["grad_norm"], "step_scale": stats["step_scale"]},
                        out / f"update{call}.pt")
-    if kind in ("vlm", "lora"):   # every rank's engine copy, refreshed from the shards
+    if kind in ("vlm", "vlm-tower", "lora"):   # every rank's engine copy, refreshed from the shards
         engine = dist.Synced(HFEngine(build(kind)[0], tok, amp=False), lp)
         engine.sync()
         torch.save(engine.engine.model.state_dict(), out / f"synced{rank}.pt")

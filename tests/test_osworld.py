@@ -376,11 +376,14 @@ def test_cli_two_iterations_each_ablation(tmp_path, ablation):
     assert "eval/ood/success" in rows[0] and "eval/in_domain/success" in rows[-1]
     assert ("eval/ood/outcome_acc" in rows[-1]) == (ablation != "grpo")
     assert rows[1]["time/gui"] > 0 and rows[1]["sys/env_restarts"] == 0 and rows[1]["train/tasks"] >= 2
-    if ablation == "full":  # --eval-only prints success in-domain and OOD, and R's Outcome Acc
+    assert ("eval/process/process_bacc" in rows[-1]) == (ablation != "grpo")   # the labelled pages' set
+    if ablation == "full":  # --eval-only prints success per eval set, R's Outcome Acc, and its Process Acc
         r = subprocess.run([sys.executable, str(ROOT / "loop.py"), "--task", "osworld", "--model", "tiny", "--engine",
                             "hf", "--max-turns", "2", "--eval-tasks", "2", "--m", "2", "--rm-max-new-tokens", "8",
                             "--eval-only", "--checkpoint", str(tmp_path / "x")], cwd=ROOT, capture_output=True,
                            text=True, timeout=900)
         assert r.returncode == 0, r.stderr[-3000:]
-        header, *rows = [line.split() for line in r.stdout.splitlines() if line.startswith(("eval set", "in_domain", "ood"))]
-        assert header == ["eval", "set", "SUCCESS", "OUTCOME_ACC"] and [x[0] for x in rows] == ["in_domain", "ood"]
+        header, *rows = [line.split() for line in r.stdout.splitlines()
+                         if line.startswith(("eval set", "in_domain", "ood", "process"))]
+        assert header == ["eval", "set", "SUCCESS", "PROCESS_ACC", "PROCESS_MAJORITY", "PROCESS_BACC", "OUTCOME_ACC"]
+        assert [x[0] for x in rows] == ["in_domain", "ood", "ood_process", "process"]
