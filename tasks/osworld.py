@@ -48,6 +48,7 @@ DEFAULTS = {  # CPU defaults (each one a flag); --help shows the released value 
     "temperature": 1.0, "top_p": 0.9, "rm_temperature": 0.8, "rm_top_p": 1.0, "env_mode": "variants",
     "env_retries": 8, "env_max_new_tokens": 48, "policy_steps": 4, "rm_steps": 2, "acc_lower": 0.0,
     "acc_upper": 1.0, "drop_zero_adv": True, "eval_every": 0, "max_train_samples": 32,
+    "target_kl": 0.05,   # P's and R's trust region, chosen on the validation split (docs/SWEEP.md); released: none
 }  # browsers (--browsers 16): ~240 MiB each; 32 of them + the trainer ran a 24 GiB machine out of memory
 # The released code's OSWorld configuration (configs/osworld_rl.yaml and its rollout scripts).
 REFERENCE = {
