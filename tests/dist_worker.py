@@ -5,8 +5,8 @@ frozen, samples with screenshots), "vlm-tower" (its tower trained too) or "lora"
 adapters); for those three each rank then refreshes a transformers engine's full copy from the shards
 (dist.Synced) and saves its weights.
 "vllm": the text model, then each rank's vLLM engine (external_launcher), started on the initial weights, is
-refreshed from the shards and decodes PROMPTS greedily; rank 0 decodes once more alone, as its evaluation
-does. Each rank saves its tokens."""
+refreshed from the shards and decodes PROMPTS greedily; rank 0 decodes once more alone, as it does when it
+holds more eval tasks than rank 1. Each rank saves its tokens."""
 import sys
 from pathlib import Path
 

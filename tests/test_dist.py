@@ -85,7 +85,7 @@ def test_fsdp2_update_of_a_vlm_or_of_lora_on_two_ranks_equals_the_single_process
 def test_vllm_engine_per_rank_samples_the_updated_weights(tmp_path):
     """One vLLM engine per rank (external_launcher): refreshed from the FSDP2 shards after the updates,
     each rank's greedy tokens are the transformers engine's on the one-process weights, and rank 0 can
-    decode alone (its evaluation) without waiting on rank 1."""
+    decode alone (as when it holds more eval tasks than rank 1) without waiting on rank 1."""
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                         str(ROOT / "tests" / "dist_worker.py"), str(tmp_path), "vllm"],
                        capture_output=True, text=True, timeout=400, cwd=ROOT)
