@@ -126,8 +126,7 @@ def env_sampling(cfg: Config) -> Sampling:
 
 
 def eval_due(cfg: Config, it: int) -> bool:
-    """Every --eval-every iterations and after the last (-1: never). Under torchrun every rank evaluates its
-    share of the eval tasks (tasks.eval_groups)."""
+    """Every --eval-every iterations and after the last (-1: never); under torchrun on every rank (eval_groups)."""
     return cfg.eval_every > 0 and it % cfg.eval_every == 0 or it == cfg.iterations and cfg.eval_every >= 0
 
 
@@ -267,9 +266,8 @@ def build_models(cfg: Config, use_rm: bool, policy_init: str, rm_init: str, env_
             if cfg.grad_checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             module = model
-            if dist.active() and not cfg.eval_only:   # train a sharded copy; `model` keeps the full weights the
-                module = copy.deepcopy(model)               # engine samples from
-                module = dist.shard(LogProbs(module), module, bf16=cfg.amp and cfg.train_amp)
+            if dist.active() and not cfg.eval_only:   # train a sharded copy; the engine samples `model`, whole
+                module = dist.shard(LogProbs(copy.deepcopy(model)), bf16=cfg.amp and cfg.train_amp)
             models[name] = Trained(model, tok, None if cfg.fresh_optimizer else make_optimizer(module, lr), module)
     to_serve = {k: (m.model, m.tokenizer) for k, m in models.items()}
     if env_init:
@@ -279,8 +277,7 @@ def build_models(cfg: Config, use_rm: bool, policy_init: str, rm_init: str, env_
                            max_model_len=cfg.max_model_len, gpu_memory_utilization=cfg.vllm_gpu_memory)
     print(f"[loop] engine {cfg.engine}: {type(engines['policy']).__name__} for {', '.join(engines)} "
           f"(ready in {time.perf_counter() - t0:.0f}s)", flush=True)
-    if dist.active() and not cfg.eval_only:   # each rank samples from a full copy, refreshed from the shards
-        # after every update
+    if dist.active() and not cfg.eval_only:   # each rank samples from a full copy, refreshed after each update
         engines |= {k: dist.Synced(engines[k], m.module) for k, m in models.items()}
     return models, engines
 
@@ -371,9 +368,7 @@ def main(argv=None) -> int:
         if cfg.eval_only:
             eval_only(cfg)
         else:
-            folder = train(cfg)
-            if dist.rank() == 0:
-                print(f"[loop] run folder: {folder}")
+            print(f"[loop] run folder: {train(cfg)}")
     except (ConfigError, ModelError, tasks.TaskError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

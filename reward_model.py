@@ -204,36 +204,20 @@ def agent_metrics(rollouts) -> dict:
     label (what an R that always gives that verdict scores), and process_bacc, the mean of the
     per-label hit rates (0.5 for such an R, whatever the label mix).
     """
-    n_pos, hit_pos, n_neg, hit_neg = process_counts(rollouts)
+    steps = [st for ro in rollouts for st in ro.steps if st.label is not None and st.verdicts]
     scored = [ro for ro in rollouts if ro.steps and all(st.verdicts for st in ro.steps)]
+    hits = sum(majority(st.verdicts) == st.label for st in steps)
     outcome_hits = 0
     for ro in scored:
         score = sum(sum(st.verdicts) / len(st.verdicts) for st in ro.steps) / len(ro.steps)
         outcome_hits += (score > 0) - (score < 0) == ro.outcome
-    n, nan = n_pos + n_neg, float("nan")
-    return {"process_acc": (hit_pos + hit_neg) / n if n else nan,
-            "process_majority": max(n_pos, n_neg) / n if n else nan,
-            "process_bacc": balanced([n_pos, hit_pos, n_neg, hit_neg]),
-            "outcome_acc": outcome_hits / len(scored) if scored else nan}
-
-
-def process_counts(rollouts) -> list[int]:
-    """[n₊, hits₊, n₋, hits₋]: R's judged steps labelled +1 and −1, and how many of each its majority verdict
-    gets right (a tie is a miss). Kept per eval task, so that Process Acc's standard error can be taken over
-    tasks (tasks.bacc_se)."""
-    steps = [st for ro in rollouts for st in ro.steps if st.label is not None and st.verdicts]
     by_label = [[majority(st.verdicts) == st.label for st in steps if st.label == y] for y in (1, -1)]
-    return [len(by_label[0]), sum(by_label[0]), len(by_label[1]), sum(by_label[1])]
-
-
-def balanced(counts) -> float:
-    """Balanced accuracy from `process_counts`: the mean of the hit rates of the labels present (NaN for none).
-
-        >>> balanced([3, 1, 1, 1]), balanced([0, 0, 4, 2])   # (1/3 + 1) / 2; one label only: its hit rate
-        (0.6666666666666666, 0.5)
-    """
-    rates = [hit / n for n, hit in (counts[:2], counts[2:]) if n]
-    return sum(rates) / len(rates) if rates else float("nan")
+    recalls = [sum(h) / len(h) for h in by_label if h]
+    nan = float("nan")
+    return {"process_acc": hits / len(steps) if steps else nan,
+            "process_majority": max(map(len, by_label)) / len(steps) if steps else nan,
+            "process_bacc": sum(recalls) / len(recalls) if recalls else nan,
+            "outcome_acc": outcome_hits / len(scored) if scored else nan}
 
 
 # ── Theorem 1 ──

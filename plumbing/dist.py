@@ -122,9 +122,9 @@ def broadcast(obj):
     return box[0]
 
 
-def shard(root, model, bf16: bool = False):
-    """FSDP2 on each decoder layer of `model`, then on `root` (the log-prob module wrapping it; call before building
-    the optimizer). bf16: compute in bf16 with fp32 gradient reduction (the loop passes --amp, on where bf16 is
+def shard(root, bf16: bool = False):
+    """FSDP2 on each decoder layer of the model that `root` (the log-prob module, plumbing/logprobs.py) wraps, then on
+    `root` (call before building the optimizer). bf16: compute in bf16 with fp32 gradient reduction (the loop passes --amp, on where bf16 is
     native). A vision-language model's tower (plumbing/vision.py): frozen, it stays whole on every rank, outside
     FSDP2 (`ignored_params`: no rank changes it, so gathering it at every forward would buy nothing); trained
     (--train-vision), each of its blocks is sharded as a decoder layer is. LoRA adapters are sharded with the layer
@@ -133,6 +133,7 @@ def shard(root, model, bf16: bool = False):
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else \
         MixedPrecisionPolicy()
+    model = root.model
     units, ignored = list(model.get_decoder().layers), set()
     if vision.is_vlm(model):
         tower = vision.backbone(model).visual

@@ -184,7 +184,7 @@ def m_dist(args) -> None:
     if args.lora_rank:   # adapters sharded with their layers, next to the frozen base weights (dist.shard)
         model = models.add_lora(model, args.lora_rank)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    lp = dist.shard(logprobs.LogProbs(model), model) if world > 1 else model
+    lp = dist.shard(logprobs.LogProbs(model)) if world > 1 else model
     optimizer = ppo.make_optimizer(lp, 1e-6)
     mine = dist.shard_tasks(random_samples(len(tok)))
     step = lambda: ppo.ppo_update(lp, optimizer, mine, tok.pad_token_id, steps=1, micro_batch=4,  # noqa: E731

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from plumbing import dist
 from records import Group, Task
-from reward_model import balanced
+from reward_model import majority
 
 
 class Setting(Protocol):
@@ -175,6 +175,24 @@ def paired_gain(before: list[float], after: list[float]) -> tuple[float, float]:
     return statistics.fmean(d) if d else nan, statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else nan
 
 
+def process_counts(rollouts) -> list[int]:
+    """[n₊, hits₊, n₋, hits₋]: R's judged steps per label and how many its majority verdict gets right (a tie
+    misses; reward_model.agent_metrics' Process Acc), kept per eval task for the standard errors below."""
+    steps = [st for ro in rollouts for st in ro.steps if st.label is not None and st.verdicts]
+    by_label = [[majority(st.verdicts) == st.label for st in steps if st.label == y] for y in (1, -1)]
+    return [len(by_label[0]), sum(by_label[0]), len(by_label[1]), sum(by_label[1])]
+
+
+def balanced(counts) -> float:
+    """Balanced accuracy from `process_counts`: the mean hit rate of the labels present (NaN for none).
+
+        >>> balanced([3, 1, 1, 1]), balanced([0, 0, 4, 2])   # (1/3 + 1) / 2; one label only: its hit rate
+        (0.6666666666666666, 0.5)
+    """
+    rates = [hit / n for n, hit in (counts[:2], counts[2:]) if n]
+    return sum(rates) / len(rates) if rates else float("nan")
+
+
 def _bootstrap(n: int, draws: int, seed: int) -> list[list[int]]:
     """`draws` resamples, with replacement, of n task indices (a fixed seed: the same SE on every call)."""
     rng = random.Random(seed)
@@ -186,7 +204,7 @@ def _pooled(counts) -> list[int]:
 
 
 def bacc_se(counts: list[list[int]], draws: int = 2000, seed: int = 0) -> float:
-    """The standard error of an eval set's balanced Process Acc (reward_model.balanced over the tasks' pooled
+    """The standard error of an eval set's balanced Process Acc (`balanced` over the tasks' pooled
     `process_counts`), from a bootstrap over its tasks with labelled steps: a task's steps share its episodes, so
     the task is the unit that was sampled, as in `mean_se`. NaN for fewer than two such tasks."""
     have = [c for c in counts if c[0] + c[2]]

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 from plumbing.engines import ANSWER_PREFIX, boxed, prefilled
 from records import Group, Rollout, Step, Task, stage
-from reward_model import agent_metrics, judge_steps, process_counts, theorem1_metrics
-from tasks import AdapterBase, accuracy, bacc_se, eval_groups
+from reward_model import agent_metrics, judge_steps, theorem1_metrics
+from tasks import AdapterBase, accuracy, bacc_se, eval_groups, process_counts
 
 HISTORY = 3   # P and R see the last HISTORY actions
 

@@ -67,7 +67,7 @@ if __name__ == "__main__":
     out, kind = Path(sys.argv[1]), (sys.argv[2:] or ["text"])[0]
     rank, world = dist.init()
     model, tok = build(kind)
-    lp = dist.shard(LogProbs(model), model)
+    lp = dist.shard(LogProbs(model))
     optimizer = make_optimizer(lp, 1e-2)
     mine = share(fixed_samples(tok, kind), rank)
     for call, steps in enumerate((1, 2)):   # 2 steps: rank 1 has an empty mini-batch and must pad it
