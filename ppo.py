@@ -76,7 +76,7 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
     step is the one that overshoots (AdamW's first step is a sign step). Returns `Diagnostics.summary` ({}: no
     rank has a sample)."""
     lp = model if isinstance(model, LogProbs) else LogProbs(model)
-    ranks, minibatches = mini_batches(samples, pad_id, next(lp.parameters()).device, micro_batch, steps, seed, pack)
+    ranks, minibatches = mini_batches(samples, pad_id, lp, micro_batch, steps, seed, pack)
     if not ranks.sum(len(samples)):
         return {}
     log = Diagnostics()

@@ -186,38 +186,12 @@ def balance_weights(positive: list[bool]) -> list[float]:
     return [n / (2 * n_pos) if p else n / (2 * (n - n_pos)) for p in positive]
 
 
-# ── R's metrics (paper Table 1) ──
+# ── R's majority verdict (Table 1's Process Acc reads it: tasks.agent_metrics) ──
 
 def majority(verdicts: list[int]) -> int:
     """R's majority verdict over its m judgments of a step: the sign of their sum (0 on a tie)."""
     total = sum(verdicts)
     return (total > 0) - (total < 0)
-
-
-def agent_metrics(rollouts) -> dict:
-    """R's accuracies in agent settings (paper Table 1), over judged rollouts.
-
-    Process Acc: share of labelled steps whose majority verdict equals the ground-truth label (±1);
-    a tie counts as a miss. Outcome Acc: share of rollouts where the sign of the mean step score
-    (the mean over steps of the mean verdict) equals the outcome; 0 counts as a miss.
-    Not in the paper, to read Process Acc against: process_majority, the share of the more common
-    label (what an R that always gives that verdict scores), and process_bacc, the mean of the
-    per-label hit rates (0.5 for such an R, whatever the label mix).
-    """
-    steps = [st for ro in rollouts for st in ro.steps if st.label is not None and st.verdicts]
-    scored = [ro for ro in rollouts if ro.steps and all(st.verdicts for st in ro.steps)]
-    hits = sum(majority(st.verdicts) == st.label for st in steps)
-    outcome_hits = 0
-    for ro in scored:
-        score = sum(sum(st.verdicts) / len(st.verdicts) for st in ro.steps) / len(ro.steps)
-        outcome_hits += (score > 0) - (score < 0) == ro.outcome
-    by_label = [[majority(st.verdicts) == st.label for st in steps if st.label == y] for y in (1, -1)]
-    recalls = [sum(h) / len(h) for h in by_label if h]
-    nan = float("nan")
-    return {"process_acc": hits / len(steps) if steps else nan,
-            "process_majority": max(map(len, by_label)) / len(steps) if steps else nan,
-            "process_bacc": sum(recalls) / len(recalls) if recalls else nan,
-            "outcome_acc": outcome_hits / len(scored) if scored else nan}
 
 
 # ── Theorem 1 ──

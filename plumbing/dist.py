@@ -135,12 +135,10 @@ def shard(root, bf16: bool = False):
         MixedPrecisionPolicy()
     model = root.model
     units, ignored = list(model.get_decoder().layers), set()
-    if vision.is_vlm(model):
-        tower = vision.backbone(model).visual
-        if any(p.requires_grad for p in tower.parameters()):
-            units += list(tower.blocks)
-        else:
-            ignored = set(tower.parameters())
+    if vision.tower_trains(model):
+        units += list(vision.backbone(model).visual.blocks)
+    elif vision.is_vlm(model):
+        ignored = set(vision.backbone(model).visual.parameters())
     for unit in units:
         fully_shard(unit, mp_policy=mp)
     fully_shard(root, mp_policy=mp, ignored_params=ignored or None)

@@ -95,27 +95,29 @@ def collate(samples: list[Sample], pad_id: int, device, pack: bool = True) -> Ba
                  sampled.to(device), sampled_mask.to(device), int((segment >= 0).sum()))
 
 
-def mini_batches(samples: list[Sample], pad_id: int, device, micro_batch: int, steps: int, seed: int, pack: bool):
-    """The update's data: micro-batches of `micro_batch` samples, a prompt's responses together so that they share
-    its forward pass (`collate`; pack=False gives every sample a padded row), kept in step over the ranks
-    (`dist.Lockstep`: ranks with fewer micro-batches run zero-weight ones), and the micro-batches of each of the
-    `steps` mini-batches (one per optimizer step), shuffled by `seed`. Returns (the Lockstep, each mini-batch's
-    micro-batch indices)."""
-    samples = pack_order(samples)
+def mini_batches(samples: list[Sample], pad_id: int, lp, micro_batch: int, steps: int, seed: int, pack: bool):
+    """The update's data for the log-prob module `lp`: micro-batches of `micro_batch` samples, a prompt's responses
+    together so that they share its forward pass (`collate`; pack=False gives every sample a padded row), kept in
+    step over the ranks (`dist.Lockstep`: ranks with fewer micro-batches run zero-weight ones), and the micro-batches
+    of each of the `steps` mini-batches (one per optimizer step), shuffled by `seed`. Returns (the Lockstep, each
+    mini-batch's micro-batch indices)."""
+    samples, device = pack_order(samples), next(lp.parameters()).device
     micro = [samples[i:i + micro_batch] for i in range(0, len(samples), micro_batch)]
-    ranks = dist.Lockstep(micro, lambda batch: collate(batch, pad_id, device, pack), blank=blank(samples, pad_id))
+    pad = blank(samples, pad_id, shown=vision.tower_trains(lp.model))
+    ranks = dist.Lockstep(micro, lambda batch: collate(batch, pad_id, device, pack), blank=pad)
     order = list(range(len(micro)))
     random.Random(seed).shuffle(order)
     return ranks, [order[s::steps] for s in range(steps)]
 
 
-def blank(samples: list[Sample], pad_id: int) -> list[Sample]:
-    """The sample of a micro-batch that trains nothing (`dist.Lockstep` pads a rank with it): one pad token, or, when
-    any rank's samples carry screenshots, a zero-advantage copy of one of them, so that every rank's forward runs
-    the vision tower (under --train-vision its blocks are sharded, and each forward gathers them on every rank).
-    A collective under torchrun."""
-    shown = next((s for s in dist.gather(next((s for s in samples if s.vision), None)) if s is not None), None)
-    return [dataclasses.replace(shown, advantage=0.0, logprobs=None) if shown else Sample([pad_id], [pad_id], 0.0)]
+def blank(samples: list[Sample], pad_id: int, shown: bool) -> list[Sample]:
+    """The sample of a micro-batch that trains nothing (`dist.Lockstep` pads a rank with it): one pad token, or,
+    when the vision tower trains (`shown`) and any rank's samples carry screenshots, a zero-advantage copy of one of
+    them, so that every rank's forward runs the tower (its blocks are then sharded, and each forward gathers them on
+    every rank; a frozen tower is whole on each rank and needs no such pass). A collective under torchrun when
+    `shown`."""
+    pick = shown and next((s for s in dist.gather(next((s for s in samples if s.vision), None)) if s is not None), None)
+    return [dataclasses.replace(pick, advantage=0.0, logprobs=None) if pick else Sample([pad_id], [pad_id], 0.0)]
 
 
 def inputs(b: Batch) -> dict:

@@ -117,6 +117,11 @@ def freeze_tower(model, train: bool) -> None:
             p.requires_grad_(train)
 
 
+def tower_trains(model) -> bool:
+    """A vision-language model whose tower trains (--train-vision)."""
+    return is_vlm(model) and any(p.requires_grad for p in backbone(model).visual.parameters())
+
+
 def backbone(model):
     """The multimodal trunk: vision tower + language model, returning the last hidden states."""
     return _base(model).model

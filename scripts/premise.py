@@ -75,7 +75,7 @@ def fixed_judges(rollouts) -> dict:
     for name, judge in judges.items():   # each judge scored as an R with m = 1 on the labelled steps
         judged = [replace(ro, steps=[replace(st, verdicts=[judge(st, ro.outcome)]) for st in ro.steps
                                      if st.label is not None]) for ro in rollouts]
-        out[f"oracle_{name}_bacc"] = reward_model.agent_metrics(judged)["process_bacc"]
+        out[f"oracle_{name}_bacc"] = tasks.agent_metrics(judged)["process_bacc"]
         out[f"oracle_{name}_mu"] = reward_model.theorem1_metrics(judged, 1, labels=False)["thm1_mu"]
     return out
 
@@ -86,7 +86,7 @@ def judged(rollouts, m: int) -> dict:
     unparseable share, and the fixed judges on the same steps (`fixed_judges`)."""
     verdicts = [v for ro in rollouts for st in ro.steps for v in st.verdicts]
     nan = float("nan")
-    return {**reward_model.agent_metrics(rollouts), **reward_model.theorem1_metrics(rollouts, m, labels=True),
+    return {**tasks.agent_metrics(rollouts), **reward_model.theorem1_metrics(rollouts, m, labels=True),
             "verdict_mean": statistics.fmean(verdicts) if verdicts else nan,
             "unparseable": statistics.fmean(v == 0 for v in verdicts) if verdicts else nan, **fixed_judges(rollouts)}
 

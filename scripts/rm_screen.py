@@ -16,7 +16,7 @@ One configuration runs the loop's steps that touch R, with everything else held 
 E is off and P does not learn, so the rollouts R learns from keep one distribution. At iteration 0 and every
 --eval-every iterations, R judges one fixed set of P's rollouts on the labelled VALIDATION tasks (played once,
 by the frozen P; disjoint from the training and eval tasks), and the row records R's balanced Process Acc against the
-exact step labels (`reward_model.agent_metrics`), Theorem 1's μ against the labels and against the outcomes,
+exact step labels (`tasks.agent_metrics`), Theorem 1's μ against the labels and against the outcomes,
 its mean verdict and its share of unparseable verdicts. The eval sets are never played.
 
 What it can and cannot show: a lever that does not teach R here, where its data holds still, is unlikely to

@@ -177,7 +177,8 @@ def paired_gain(before: list[float], after: list[float]) -> tuple[float, float]:
 
 def process_counts(rollouts) -> list[int]:
     """[n₊, hits₊, n₋, hits₋]: R's judged steps per label and how many its majority verdict gets right (a tie
-    misses; reward_model.agent_metrics' Process Acc), kept per eval task for the standard errors below."""
+    misses), over judged rollouts: `agent_metrics` reads R's accuracies from them, and an eval keeps them per task
+    for the standard errors below."""
     steps = [st for ro in rollouts for st in ro.steps if st.label is not None and st.verdicts]
     by_label = [[majority(st.verdicts) == st.label for st in steps if st.label == y] for y in (1, -1)]
     return [len(by_label[0]), sum(by_label[0]), len(by_label[1]), sum(by_label[1])]
@@ -191,6 +192,29 @@ def balanced(counts) -> float:
     """
     rates = [hit / n for n, hit in (counts[:2], counts[2:]) if n]
     return sum(rates) / len(rates) if rates else float("nan")
+
+
+def agent_metrics(rollouts) -> dict:
+    """R's accuracies in agent settings (paper Table 1), over judged rollouts.
+
+    Process Acc: share of labelled steps (±1) whose majority verdict equals the label; a tie counts as a miss.
+    Outcome Acc: share of rollouts where the sign of the mean step score (the mean over steps of the mean verdict)
+    equals the outcome; 0 counts as a miss. Not in the paper, to read Process Acc against: process_majority, the
+    share of the more common label (what an R that always gives that verdict scores), and process_bacc, the mean
+    of the per-label hit rates (`balanced`: 0.5 for such an R, whatever the label mix).
+    """
+    counts = process_counts(rollouts)
+    labelled = counts[0] + counts[2]
+    scored = [ro for ro in rollouts if ro.steps and all(st.verdicts for st in ro.steps)]
+    outcome_hits = 0
+    for ro in scored:
+        score = sum(sum(st.verdicts) / len(st.verdicts) for st in ro.steps) / len(ro.steps)
+        outcome_hits += (score > 0) - (score < 0) == ro.outcome
+    nan = float("nan")
+    return {"process_acc": (counts[1] + counts[3]) / labelled if labelled else nan,
+            "process_majority": max(counts[0], counts[2]) / labelled if labelled else nan,
+            "process_bacc": balanced(counts),
+            "outcome_acc": outcome_hits / len(scored) if scored else nan}
 
 
 def _bootstrap(n: int, draws: int, seed: int) -> list[list[int]]:

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 from plumbing.engines import ANSWER_PREFIX, boxed, prefilled
 from records import Group, Rollout, Step, Task, stage
-from reward_model import agent_metrics, judge_steps, theorem1_metrics
-from tasks import AdapterBase, accuracy, bacc_se, eval_groups, process_counts
+from reward_model import judge_steps, theorem1_metrics
+from tasks import AdapterBase, accuracy, agent_metrics, bacc_se, eval_groups, process_counts
 
 HISTORY = 3   # P and R see the last HISTORY actions
 
@@ -142,7 +142,7 @@ class AgentAdapter(AdapterBase):
     # — evaluation: the paper's Table 1 columns for an agent setting —
     def evaluate(self, sets: dict[str, list[Task]], policy, rm, cfg) -> dict:
         """Per eval set: success (± its standard error), and with R its Outcome Acc, and its Process Acc
-        where the set's steps carry ground-truth labels (with the two references of reward_model.agent_metrics:
+        where the set's steps carry ground-truth labels (with the two references of tasks.agent_metrics:
         the majority label's share and the balanced accuracy; the balanced accuracy's standard error over the
         tasks, and each task's `process_counts`, which `tasks.gains` pairs against iteration 0)."""
         out = {}

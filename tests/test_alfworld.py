@@ -240,8 +240,8 @@ def test_cli_two_iterations_each_ablation(data, tmp_path, ablation):
 
 
 def test_agent_metrics_hand_worked():
-    from reward_model import agent_metrics, majority
-    from tasks import balanced, process_counts
+    from reward_model import majority
+    from tasks import agent_metrics, balanced, process_counts
     assert [majority(v) for v in ([1, 1, -1], [1, -1], [-1, 0, 0], [])] == [1, 0, -1, 0]
 
     def st(verdicts, label):
