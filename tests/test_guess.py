@@ -52,3 +52,61 @@ def test_cli_two_iterations_each_ablation(tmp_path, ablation):
     assert "eval/ood/success" in rows[0] and "eval/in_domain/success_se" in rows[-1]
     assert ("eval/in_domain/process_acc" in rows[-1]) == (ablation != "grpo")
     assert ("train/thm1_label_mu" in rows[1]) == (ablation != "grpo")      # R judged steps with exact labels
+
+
+class Answers:
+    """A test double for an engine (the tiny model's tokenizer): P's sample j answers "4" when j is even, "9" when
+    odd; R's judgment j of a step says 1, -1, then nothing valid."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def generate(self, prompts, n=1, **kw):
+        texts = ["1}", "-1}", "x}"] if "Is the answer right?" in prompts[0] else ["4}", "9}"]
+        return [[Completion(texts[j % len(texts)], [1], [2, 3], "stop") for j in range(n)] for _ in prompts]
+
+
+@pytest.mark.parametrize("engine", ["tiny", "scripted"])
+def test_the_single_turn_skeleton_in_the_docs_plays_judges_and_feeds_eq_1_to_3(engine):
+    """docs/ADDING_A_SETTING.md's single-turn skeleton, run as written, on the tiny model and on scripted answers
+    (the tiny model's are noise): P answers each task G times (one step per rollout, its outcome from the boxed
+    answer), R judges each answer m times, and Eq. 1-3 turn them into P's and R's samples."""
+    from pathlib import Path
+
+    import policy
+    import reward_model
+    from plumbing.engines import ANSWER_PREFIX, boxed, make_engines, prefilled, render_chat
+    from plumbing.models import load
+    from records import Group, Rollout, Step, Task
+
+    doc = (Path(__file__).parent.parent / "docs" / "ADDING_A_SETTING.md").read_text()
+    code = doc.split("## A single-turn setting", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    space = {"AdapterBase": tasks.AdapterBase, "render_chat": render_chat, "prefilled": prefilled, "boxed": boxed,
+             "ANSWER_PREFIX": ANSWER_PREFIX, "Group": Group, "Rollout": Rollout, "Step": Step,
+             "reward_model": reward_model, "PROMPT": "What is {q}? Answer in \\boxed{{}}.",
+             "JUDGE_PROMPT": "Question: what is {q}?\nAnswer: {a}\nIs the answer right? Reply \\boxed{{1}} or \\boxed{{-1}}."}
+    exec(code, space)
+    cfg = loop.parse_args(["--task", "guess", "--model", "tiny", "--group-size", "4", "--m", "3"])
+    model, tok = load("tiny", 0)
+    engine = make_engines("hf", {"p": (model, tok)}, amp=False, seed=0)["p"] if engine == "tiny" else Answers(tok)
+    adapter = space["Adapter"](cfg)
+    groups = adapter.rollout([Task("q0", "2 + 2", {"answer": "4"}), Task("q1", "3 + 4", {"answer": "7"})],
+                             cfg.group_size, engine, cfg)
+    adapter.judge(groups, engine, cfg)
+    assert [len(g.rollouts) for g in groups] == [4, 4]
+    for g in groups:
+        for ro in g.rollouts:
+            (st,) = ro.steps
+            assert ro.outcome == (1 if boxed(st.response)[-1:] == [g.task.data["answer"]] else -1)
+            assert st.response.startswith(ANSWER_PREFIX) and st.response_ids and g.task.prompt in st.judge_prompt
+            assert len(st.verdicts) == 3 and set(st.verdicts) <= {-1, 0, 1} and len(st.judgments) == 3
+    policy.score_steps(groups, lam=1.0, zero_single=False, reward="integrated")
+    for g in groups:   # Eq. 1 with λ = 1: O + the mean verdict, one step per rollout
+        assert [ro.steps[0].reward for ro in g.rollouts] == \
+               pytest.approx([ro.outcome + sum(ro.steps[0].verdicts) / 3 for ro in g.rollouts])
+    samples = reward_model.rm_samples(groups, adapter.judge_kind, acc_range=(0.0, 1.0), drop_zero=False,
+                                      balance=False, norm="step", wrong_cost=False)
+    varied = [st for g in groups for ro in g.rollouts for st in ro.steps if len(set(st.verdicts)) > 1]
+    assert len(samples) == 3 * len(varied)   # Eq. 3: a step whose m verdicts agree is skipped
+    if engine == "scripted":   # "4" is right for 2 + 2 only; R's [1, -1, 0] train R on every step
+        assert [g.acc for g in groups] == [0.5, 0.0] and len(samples) == 3 * 8
