@@ -11,7 +11,8 @@ starting the study again loses at most the iteration in flight. The table gives,
 eval column after training as mean ± std over seeds with the per-seed values; "before" is the
 iteration-0 eval (the initial model, the same for every row of a seed). R's columns are UT and
 Detect in coding, Process / Outcome Acc in the agent settings (grpo has no R: "-"). A second table gives the
-paper's comparisons (CONTRASTS), row against row, paired over the eval tasks within each seed.
+paper's comparisons (CONTRASTS), row against row, paired over the eval tasks within each seed; the last one
+checks claim 4 at each seed's last eval (R's balanced Process Acc, `claim4`).
 """
 from __future__ import annotations
 
@@ -221,6 +222,44 @@ def theorem1(args, runs: dict) -> str:
     return per_row_table(args, runs, cols, spec=".3g")
 
 
+def r_grows(after: dict, s: str) -> bool:
+    """Claim 4 on eval set `s` at one seed's last eval (`after`), as issue 43 fixes it: R's balanced Process Acc has
+    risen above its own iteration-0 value by more than twice the paired SE (tasks.paired_bacc_gain), ends above
+    50 % by more than twice its SE (tasks.bacc_se), and R's verdicts carry signal about the labels (μ_label > 1)."""
+    get = lambda key: after.get(f"eval/{s}/{key}", float("nan"))  # noqa: E731
+    return (get("process_bacc_gain") > 2 * get("process_bacc_gain_se")
+            and get("process_bacc") - 0.5 > 2 * get("process_bacc_se") and get("thm1_label_mu") > 1)
+
+
+def claim4(args, runs: dict) -> str:
+    """Markdown: R's balanced Process Acc per row with an R and per eval set with labelled steps, per seed: iteration
+    0 → the last eval (the paired gain ± SE, over the tasks with labelled steps at both), the last eval's SE,
+    μ_label, and whether claim 4 holds there (`r_grows`); the last column says whether it holds at every seed. In %."""
+    sets = sorted({k.split("/")[1] for rows in runs.values() for r in rows for k in r
+                   if k.startswith("eval/") and k.endswith("/process_bacc_gain")})
+    head = ["row", "set", *[f"seed {s}" for s in range(args.seeds)], "holds at every seed"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in args.rows:
+        for s in sets:
+            cells, holds = [], []
+            for seed in range(args.seeds):
+                rows = runs.get((row, seed), [])
+                after = last_eval(rows)
+                if f"eval/{s}/process_bacc_gain" not in after:
+                    cells.append("-")
+                    continue
+                holds.append(r_grows(after, s))
+                get = lambda key: 100 * after[f"eval/{s}/{key}"]  # noqa: E731
+                cells.append(f"{100 * rows[0][f'eval/{s}/process_bacc']:.1f} → {get('process_bacc'):.1f} "
+                             f"({get('process_bacc_gain'):+.1f} ± {get('process_bacc_gain_se'):.1f}), SE "
+                             f"{get('process_bacc_se'):.1f}, μ_label {after[f'eval/{s}/thm1_label_mu']:.2f}"
+                             + (" ✓" if holds[-1] else " ✗"))
+            if holds:
+                every = "yes" if all(holds) and len(holds) == args.seeds else "no"
+                lines.append(f"| {row} | {s} | " + " | ".join(cells) + f" | {every} |")
+    return "\n".join(lines)
+
+
 # The paper's comparisons, as (A, B) for A − B: claim 1's ladder (Policy < + Reward < + Env), each against
 # outcome-only GRPO, and claim 2's step-wise row against GRPO and against integrated feedback with an untrained R.
 CONTRASTS = [("policy_reward", "policy"), ("full", "policy_reward"), ("full", "policy"), ("full", "grpo"),
@@ -405,6 +444,8 @@ def main(argv=None) -> int:
     print(trust_region(args, runs))
     print()
     print(theorem1(args, runs))
+    print()
+    print(claim4(args, runs))
     figure(args, runs, args.dir / "table1.png")
     claims(args, runs, args.dir / "claims.png")
     print(f"[table1] figures: {args.dir / 'table1.png'}, {args.dir / 'claims.png'}")

@@ -91,3 +91,23 @@ def test_contrasts_pair_rows_over_tasks_within_a_seed_by_hand():
     assert len(lines) == 3 and lines[0].startswith("| A − B | metric | seed 0 | seed 1 | seed 2 | mean |")
     cells = [c.strip() for c in lines[2].strip("|").split("|")]
     assert cells == ["full − grpo", "in_domain/success", "+37.5 ± 23.9", "-12.5 ± 12.5", "-", "+12.5", "25.0", "13.5"]
+
+
+def test_claim4_reads_each_seeds_last_eval_against_the_issues_three_conditions():
+    """Claim 4 per seed, by hand (in %): seed 0 rises 40 → 70, gain +30 ± 10 (> 2 SE), ends 20 above 50 with SE 8
+    (> 2 SE), μ_label 1.3: holds. Seed 1 rises 40 → 60 (+20 ± 5) but ends 10 above 50 with SE 6 (< 2 SE): it does
+    not hold, so not at every seed. grpo has no R: no line."""
+    def cell(bacc0, bacc, gain, gain_se, se, mu):
+        return [{"iteration": 0, "eval/process/process_bacc": bacc0},
+                {"iteration": 15, "eval/process/process_bacc": bacc, "eval/process/process_bacc_gain": gain,
+                 "eval/process/process_bacc_gain_se": gain_se, "eval/process/process_bacc_se": se,
+                 "eval/process/thm1_label_mu": mu}]
+    runs = {("full", 0): cell(0.4, 0.7, 0.3, 0.1, 0.08, 1.3), ("full", 1): cell(0.4, 0.6, 0.2, 0.05, 0.06, 1.2),
+            ("grpo", 0): [{"iteration": 0}, {"iteration": 15, "eval/process/success": 0.5}]}
+    assert table1.r_grows(runs["full", 0][-1], "process") and not table1.r_grows(runs["full", 1][-1], "process")
+    args = table1.parse(["--rows", "grpo,full", "--seeds", "2", "--report-only"])
+    lines = table1.claim4(args, runs).splitlines()
+    assert len(lines) == 3
+    cells = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert cells == ["full", "process", "40.0 → 70.0 (+30.0 ± 10.0), SE 8.0, μ_label 1.30 ✓",
+                     "40.0 → 60.0 (+20.0 ± 5.0), SE 6.0, μ_label 1.20 ✗", "no"]
