@@ -4,6 +4,7 @@ equal the ones recorded before them, tests/golden.py)."""
 import ast
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,20 @@ def test_the_readme_results_table_is_read_off_the_committed_studies():
     table = readme_results.table()
     assert table.count("\n") == 5 and "| default coding run" in table
     assert table in (ROOT / "README.md").read_text(), "README's results table differs: run scripts/readme_results.py"
+
+
+def test_every_relative_link_of_the_readme_resolves_to_a_file_and_heading():
+    """Each relative link in README.md names a file in the repository, and a #fragment one of its headings
+    (GitHub's anchor: the heading lower-cased, punctuation but hyphens dropped, spaces as hyphens)."""
+    def anchors(path: Path) -> set[str]:
+        return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-")
+                for h in re.findall(r"^#+ (.+)$", path.read_text(), re.MULTILINE)}
+    links = re.findall(r"\]\(([^)\s]+)\)", (ROOT / "README.md").read_text())
+    local = [x for x in links if not x.startswith(("http://", "https://"))]
+    assert len(local) > 10
+    for link in local:
+        target, _, fragment = link.partition("#")
+        path = ROOT / target
+        assert path.exists(), link
+        if fragment:
+            assert fragment in anchors(path), link
