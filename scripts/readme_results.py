@@ -5,8 +5,8 @@ the README shows exactly this table).
 
 Each measured cell comes from a study's metrics.jsonl: the default coding run's paired gains (`loop.py` logs
 eval/<set>/code_gain and _gain_se), the Table 1 studies' full − GRPO differences, paired over the eval tasks within
-each seed and averaged over seeds (scripts/table1.py's `paired_contrast`), and R's balanced Process Acc at the
-full row's last eval. The paper's numbers (Table 1, 7B models) are written here, beside ours.
+each seed and averaged over seeds (scripts/table1.py's `paired_contrast`), R's balanced Process Acc at the
+full row's last eval, and the GUI claims study's cells as they land. The paper's numbers (Table 1, 7B models) are written here, beside ours.
 """
 from __future__ import annotations
 
@@ -52,6 +52,8 @@ def table() -> str:
     lb, lb_se = full_minus_grpo(livebench, "eval/in_domain/code")
     lb_ood, _ = full_minus_grpo(livebench, "eval/ood/code")
     mz, mz_se = full_minus_grpo(maze, "eval/in_domain/success")
+    gui = read_metrics(STUDIES / "table1-osworld" / "full-s0")
+    gui_end = last_eval(gui)
     bacc = ", ".join(pct(last_eval(maze["full", s])["eval/in_domain/process_bacc"]) for s in range(SEEDS))
     rows = [
         ("default coding run, today's defaults (one seed)", code, "—", f"[speed-42](docs/studies/{DEFAULT_RUN})"),
@@ -65,6 +67,12 @@ def table() -> str:
          "[STUDIES.md](docs/STUDIES.md#summary-the-maze-at-the-final-defaults-5-rows--3-seeds)"),
         ("R's balanced Process Acc after training (maze, full row)", f"{bacc} % on seeds 0–2 (below chance)",
          "ALFWorld 47.0 → 56.4", "[STUDIES.md](docs/STUDIES.md#summary-the-four-claims)"),
+        ("GUI (MiniWoB++), full row, seed 0 (the claims study's first cell)",
+         f"P's in-domain success {pct(gui[0]['eval/in_domain/success'])} → {pct(gui_end['eval/in_domain/success'])} % "
+         f"({gain(gui_end, 'eval/in_domain/success')}); R's balanced Process Acc on labelled pages "
+         f"{pct(gui[0]['eval/process/process_bacc'])} → {pct(gui_end['eval/process/process_bacc'])} %: \"bad\" to every step",
+         "OSWorld 40.4 → 52.1; Process Acc 86.0 → 91.3",
+         "[STUDIES.md](docs/STUDIES.md#the-gui-claims-study-issue-43-from-2026-12-06)"),
     ]
     lines = ["| what | measured (135M model, 2-core CPU) | paper (7B) | where |", "|---|---|---|---|"]
     return "\n".join(lines + [f"| {' | '.join(r)} |" for r in rows])
