@@ -368,7 +368,9 @@ def main(argv=None) -> int:
         if cfg.eval_only:
             eval_only(cfg)
         else:
-            print(f"[loop] run folder: {train(cfg)}")
+            folder = train(cfg)
+            if dist.rank() == 0:
+                print(f"[loop] run folder: {folder}")
     except (ConfigError, ModelError, tasks.TaskError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
