@@ -203,16 +203,15 @@ def agent_metrics(rollouts) -> dict:
     share of the more common label (what an R that always gives that verdict scores), and process_bacc, the mean
     of the per-label hit rates (`balanced`: 0.5 for such an R, whatever the label mix).
     """
-    counts = process_counts(rollouts)
-    labelled = counts[0] + counts[2]
+    n_pos, hit_pos, n_neg, hit_neg = counts = process_counts(rollouts)
     scored = [ro for ro in rollouts if ro.steps and all(st.verdicts for st in ro.steps)]
     outcome_hits = 0
     for ro in scored:
         score = sum(sum(st.verdicts) / len(st.verdicts) for st in ro.steps) / len(ro.steps)
         outcome_hits += (score > 0) - (score < 0) == ro.outcome
-    nan = float("nan")
-    return {"process_acc": (counts[1] + counts[3]) / labelled if labelled else nan,
-            "process_majority": max(counts[0], counts[2]) / labelled if labelled else nan,
+    n, nan = n_pos + n_neg, float("nan")
+    return {"process_acc": (hit_pos + hit_neg) / n if n else nan,
+            "process_majority": max(n_pos, n_neg) / n if n else nan,
             "process_bacc": balanced(counts),
             "outcome_acc": outcome_hits / len(scored) if scored else nan}
 
