@@ -58,8 +58,8 @@ class Run:
         self.fresh = not (self.ckpt / "state.json").exists()  # no finished iteration: start from scratch
         if not cfg.resume and any(p.name != ".lock" for p in self.dir.iterdir()):
             self.close()
-            raise ConfigError(f"run folder {self.dir} exists: pass --resume to continue it "
-                              + ("(it has no finished iteration: it restarts from scratch with its saved config)"
+            raise ConfigError(f"run folder {self.dir} exists: pass --resume to continue it"
+                              + (" (it has no finished iteration: it restarts from scratch with its saved config)"
                                  if self.fresh else "") + ", or another --name")
         dist.gather(None)
 

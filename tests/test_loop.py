@@ -324,11 +324,19 @@ def test_preset_reference_is_the_released_configuration_and_flags_still_win():
 
 
 def test_existing_run_is_not_overwritten(tmp_path):
-    (tmp_path / "livebench-full-s0").mkdir()
-    (tmp_path / "livebench-full-s0" / "metrics.jsonl").write_text('{"iteration": 0}\n')
+    run = tmp_path / "livebench-full-s0"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"iteration": 0}\n')
     r = run_cli(["--model", "tiny", "--runs-dir", str(tmp_path)])
-    assert r.returncode == 2 and "--resume" in r.stderr
-    assert (tmp_path / "livebench-full-s0" / "metrics.jsonl").read_text() == '{"iteration": 0}\n'
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"error: run folder {run} exists: pass --resume to continue it (it has no finished iteration: it restarts "
+        "from scratch with its saved config), or another --name"], r.stderr
+    (run / "ckpt").mkdir()
+    (run / "ckpt" / "state.json").write_text('{"iteration": 1}')   # a finished iteration
+    r = run_cli(["--model", "tiny", "--runs-dir", str(tmp_path)])
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"error: run folder {run} exists: pass --resume to continue it, or another --name"], r.stderr
+    assert (run / "metrics.jsonl").read_text() == '{"iteration": 0}\n'
 
 
 # ── run folders (hardening) ──
