@@ -17,13 +17,14 @@ initial R judges every step m times; nothing trains. It prints:
     bound at the run's m; the outcome judge's balanced Process Acc, the most per-step Eq. 3 can teach; the
     easy-feature judge (no valid action is bad);
   - the untrained R: its balanced Process Acc, its μ against the labels, and μ/(1 − u), u its unparseable share
-    (μ among the verdicts it gave);
+    (μ among the verdicts it gave), and what the first box of its unparseable answers holds (`first_boxes`);
 and the gates a setting must pass before R is worth studying there (GATES). Settings with exact step labels only
 (the maze; osworld's MiniWoB pages with a label rule, tasks/miniwob_env.RIGHT), and there only the labelled tasks.
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import statistics
 import sys
@@ -37,6 +38,7 @@ import loop  # noqa: E402
 import reward_model  # noqa: E402
 import tasks  # noqa: E402
 from plumbing.config import parse_args  # noqa: E402
+from plumbing.engines import boxed  # noqa: E402
 from plumbing.models import machine, seed_everything  # noqa: E402
 
 # key → (the least value that passes, what it says), fixed before any candidate setting was measured (issue 43)
@@ -91,6 +93,23 @@ def judged(rollouts, m: int) -> dict:
             "unparseable": statistics.fmean(v == 0 for v in verdicts) if verdicts else nan, **fixed_judges(rollouts)}
 
 
+def first_boxes(rollouts, top: int = 4) -> list[tuple[str, float]]:
+    """R's unparseable answers by what their first \\boxed{} holds ("none" when no box is closed): the `top`
+    contents, each with its share of all of R's answers. Learning the verdict's format (one box, "1" or "-1")
+    turns these answers into verdicts; this says which way they start.
+
+        >>> from records import Completion, Rollout, Step
+        >>> said = lambda *texts: [Completion(t, [], [], "stop") for t in texts]
+        >>> st = Step("", [], "", [], verdicts=[1, 0, 0, 0], judgments=said(
+        ...     "\\\\boxed{1}", "\\\\boxed{1} or \\\\boxed{-1}", "\\\\boxed{bad}", "\\\\boxed{1} (good) \\\\boxed{1}"))
+        >>> first_boxes([Rollout("t", [st], 1)])
+        [('1', 0.5), ('bad', 0.25)]
+    """
+    answers = [(c.text, v) for ro in rollouts for st in ro.steps for c, v in zip(st.judgments, st.verdicts)]
+    first = collections.Counter((boxed(text) or ["none"])[0].strip() for text, v in answers if v == 0)
+    return [(box, n / len(answers)) for box, n in first.most_common(top)]
+
+
 def premise(groups, m: int, band: tuple[float, float] = reward_model.RM_ACC_RANGE) -> dict:
     """The premise numbers of judged, labelled groups (the module docstring), and pass_<key> for each of GATES.
 
@@ -123,7 +142,7 @@ def premise(groups, m: int, band: tuple[float, float] = reward_model.RM_ACC_RANG
     u = r["unparseable"]
     out |= {"rm_bacc": r["process_bacc"], "rm_mu": r["thm1_label_mu"], "rm_mu_outcomes": r["thm1_mu"],
             "rm_unparseable": u, "rm_mu_parsed": r["thm1_label_mu"] / (1 - u) if u < 1 else float("nan"),
-            "rm_verdict_mean": r["verdict_mean"]}
+            "rm_verdict_mean": r["verdict_mean"], "rm_first_boxes": first_boxes(rollouts)}
     if len({st.label for ro in rollouts for st in ro.steps} - {None}) < 2:   # one label class: no balanced accuracy
         out |= {k: float("nan") for k in ("oracle_label_bacc", "oracle_outcome_bacc", "oracle_valid_bacc", "rm_bacc")}
     return out | {f"pass_{k}": out[k] >= least for k, (least, _) in GATES.items()}
@@ -143,7 +162,9 @@ def table(q: dict, m: int) -> str:
              f"{100 * q['oracle_valid_bacc']:.1f} %, {q['oracle_valid_mu']:.2f}"),
             ("untrained R: balanced Process Acc", f"{100 * q['rm_bacc']:.1f} %"),
             ("untrained R: μ against the labels, μ/(1 − u), unparseable u",
-             f"{q['rm_mu']:.2f}, {q['rm_mu_parsed']:.2f}, {100 * q['rm_unparseable']:.1f} %")]
+             f"{q['rm_mu']:.2f}, {q['rm_mu_parsed']:.2f}, {100 * q['rm_unparseable']:.1f} %"),
+            ("untrained R: its unparseable answers' first box (share of all its answers)",
+             ", ".join(f"`{box}` {100 * share:.1f} %" for box, share in q["rm_first_boxes"]) or "-")]
     lines = ["| quantity | value |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows), "",
              "| gate | needs | has | passes |", "|---|---|---|---|"]
     lines += [f"| {what} | ≥ {least:g} | {q[k]:.3g} | {'yes' if q[f'pass_{k}'] else 'no'} |"
