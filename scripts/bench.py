@@ -8,7 +8,8 @@ Every measurement runs in its own subprocess (clean memory peak, no thread-bindi
 and prints one JSON line; this script collects them and prints the tables. Parts:
 
   ceiling   bf16 / fp32 matmul GFLOP/s → the model's tokens/s ceiling (2·N FLOPs per token)
-  sampling  the transformers engine vs the vLLM engine on identical prompts (tok/s, % of ceiling), and vLLM's
+  sampling  the transformers engine vs the vLLM engine on identical prompts, in the precision runs sample in here
+            (bf16 where native, else fp32): tok/s, % of ceiling, and vLLM's
             start-up twice: the second process starts from the compile cache, the first one too unless this
             machine never compiled this engine (then it shows the compile)
   train     one PPO step on 8 × 512 tokens: the textbook fp32 full-logits baseline vs this
@@ -59,12 +60,15 @@ def emit(**row) -> None:
     print("BENCH " + json.dumps(row), flush=True)
 
 
-def timed(fn, repeats: int) -> list[float]:
+def timed(fn, repeats: int, budget_s: float = float("inf")) -> list[float]:
+    """Seconds of `repeats` calls of fn; with a budget, it stops early once 3 calls have together taken longer."""
     out = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
         out.append(time.perf_counter() - t0)
+        if len(out) >= 3 and sum(out) > budget_s:
+            break
     return out
 
 
@@ -82,12 +86,12 @@ def m_ceiling(args) -> None:
     for dtype in (torch.bfloat16, torch.float32):
         a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
         a @ b
-        peak = 2 * 2048**3 / statistics.median(timed(lambda: a @ b, 10)) / 1e9
+        peak = 2 * 2048**3 / statistics.median(timed(lambda: a @ b, 10, budget_s=10)) / 1e9
         ws = [w.detach().to(dtype) for w in weights]
         x = {w.shape[1]: torch.randn(64, w.shape[1], dtype=dtype) for w in ws}
         step = lambda: [x[w.shape[1]] @ w.T for w in ws]  # noqa: E731
         step()
-        decode = 64 * flops_per_token / statistics.median(timed(step, 10)) / 1e9
+        decode = 64 * flops_per_token / statistics.median(timed(step, 10, budget_s=10)) / 1e9
         for shape, gflops in (("2048x2048", peak), ("decode, 64 rows", decode)):
             emit(part="ceiling", dtype=str(dtype).removeprefix("torch."), shape=shape, gflops=gflops,
                  tok_s=gflops * 1e9 / flops_per_token, gflop_per_token=flops_per_token / 1e9)
@@ -108,7 +112,8 @@ def m_sampling(args) -> None:
     from plumbing import engines, models
     model, tok = models.load(args.model)
     t0 = time.perf_counter()
-    engine = engines.make_engines(args.engine, {"p": (model, tok)}, batch_size=64)["p"]
+    # the precision a run samples in here: bf16 where it is native, else fp32 (emulated bf16 is far slower)
+    engine = engines.make_engines(args.engine, {"p": (model, tok)}, batch_size=64, amp=models.bf16_fast())["p"]
     startup = time.perf_counter() - t0
     adapter = coding_adapter()
     prompts = policy_prompts(adapter, tok, [adapter.tasks[i % len(adapter.tasks)] for i in range(64)])
@@ -117,7 +122,8 @@ def m_sampling(args) -> None:
         t0 = time.perf_counter()
         out = engine.generate(prompts, temperature=1.0, top_p=0.95, max_new_tokens=128)
         rates.append(sum(len(c.ids) for cs in out for c in cs) / (time.perf_counter() - t0))
-    emit(part="sampling", engine=args.engine, tok_s=statistics.median(rates), runs=rates, startup_s=startup)
+    emit(part="sampling", engine=args.engine, tok_s=statistics.median(rates), runs=rates, startup_s=startup,
+         dtype="bfloat16" if models.bf16_fast() else "float32")
 
 
 def random_samples(vocab: int, n: int = 8, prompt: int = 256, response: int = 256):
@@ -253,7 +259,8 @@ def m_ours_grpo(args) -> None:
     import policy
     model, tok = models.load(args.model)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # as TRL's default
-    engine = engines.make_engines(args.engine, {"p": (model, tok)}, batch_size=64)["p"]
+    # the precision a run samples in here: bf16 where it is native, else fp32 (emulated bf16 is far slower)
+    engine = engines.make_engines(args.engine, {"p": (model, tok)}, batch_size=64, amp=models.bf16_fast())["p"]
     optimizer = ppo.make_optimizer(model, 1e-6)
     adapter, tasks, _ = grpo_prompts(tok)
     # every GT test runs (policy_reward "reference" needs the share passed), as in the TRL run's reward: identical work
@@ -467,8 +474,9 @@ def main() -> None:
             rows += [r | {"engine": "vllm, started again"} for r in run(py, "sampling", args, engine="vllm")]
         base = next((r["tok_s"] for r in rows if r["engine"] == "hf"), float("nan"))
         nan = float("nan")
-        peak, decode = ceiling.get(("bfloat16", "2048x2048"), nan), ceiling.get(("bfloat16", "decode, 64 rows"), nan)
-        table("Sampling: 64 coding prompts, ≤128 new tokens, T 1.0, top-p 0.95, bf16",
+        dtype = rows[0]["dtype"] if rows else "bfloat16"
+        peak, decode = ceiling.get((dtype, "2048x2048"), nan), ceiling.get((dtype, "decode, 64 rows"), nan)
+        table(f"Sampling: 64 coding prompts, ≤128 new tokens, T 1.0, top-p 0.95, {dtype}",
               ["engine", "tok/s", "× transformers", "% of peak ceiling", "% of decode-shape ceiling", "start-up s"],
               [[r["engine"], r["tok_s"], r["tok_s"] / base, 100 * r["tok_s"] / peak, 100 * r["tok_s"] / decode,
                 round(r["startup_s"], 1)] for r in rows])
