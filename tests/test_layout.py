@@ -99,10 +99,11 @@ def test_scripted_run_matches_the_metrics_recorded_before_the_refactor(task, tmp
         assert set(got) == set(want), set(got) ^ set(want)
         for k, v in want.items():
             if isinstance(v, float):   # the loss values: float reductions differ across CPUs, and the second update
-                # amplifies the first's rounding (recorded on an AMD EPYC; a Xeon differs by up to 1.1 %, 6e-5 absolute).
-                # A clip fraction counts tokens: one with |r − 1| near ε flips with that rounding (2 of 195 seen)
-                slack = 0.02 if k.endswith("clipfrac") else 1e-4
-                assert got[k] == pytest.approx(v, rel=2e-2, abs=slack) or (math.isnan(v) and math.isnan(got[k])), k
+                # amplifies the first's rounding (recorded on an AMD EPYC with AVX-512; a Xeon differs by up to 1.1 %,
+                # an AVX2-only EPYC by up to 2.3 %, R's update KL 2.6e-4 absolute). A clip fraction counts tokens: one
+                # with |r − 1| near ε flips with that rounding (2 of about 100 seen on the AVX2 machine)
+                slack = 0.035 if k.endswith("clipfrac") else 1e-4
+                assert got[k] == pytest.approx(v, rel=4e-2, abs=slack) or (math.isnan(v) and math.isnan(got[k])), k
             else:
                 assert got[k] == v, k
 
