@@ -4,6 +4,7 @@ its figure from the runs' metrics.
     python scripts/table1.py --task maze --seeds 3                       # 5 rows × 3 seeds, then the tables and figures
     python scripts/table1.py --task livebench --seeds 3 --rows grpo,full --iterations 20   # loop flags pass through
     python scripts/table1.py --task maze --seeds 3 --report-only         # only the table and table1.png
+    python scripts/table1.py --task maze --seeds 3 --first-seed 1         # seeds 1-2 here, seed 0 on another machine
 
 Each cell is one `loop.py` run in its own process, in runs/<study>/<row>-s<seed>/. The study is
 resumable: a finished run is skipped, a killed one is continued with --resume, so stopping and
@@ -37,6 +38,9 @@ def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--task", default="maze", help="the setting (as loop.py --task)")
     p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per row")
+    p.add_argument("--first-seed", type=int, default=0,
+                   help="run seeds K..N-1 only, to split a study's seeds between machines (every row of a seed on one "
+                        "machine); the report still reads every seed 0..N-1 that has metrics")
     p.add_argument("--rows", default=",".join(loop.ABLATIONS), help="comma-separated Table 1 rows")
     p.add_argument("--study", default="", help="study folder under --runs-dir (default: table1-<task>)")
     p.add_argument("--runs-dir", default="runs", help="where studies go")
@@ -50,6 +54,8 @@ def parse(argv=None):
         p.error("--rows: put full before stepwise (the stepwise row's frozen R is the one its seed's full cell trained)")
     if args.seeds < 1:
         p.error("--seeds must be at least 1")
+    if not 0 <= args.first_seed < args.seeds:
+        p.error(f"--first-seed must be in 0..{args.seeds - 1} (--seeds {args.seeds})")
     for flag in ("--ablation", "--seed", "--name", "--runs-dir", "--resume", "--task"):
         if any(f == flag or f.startswith(flag + "=") for f in loop_flags):
             p.error(f"{flag} is set by table1.py itself")
@@ -84,7 +90,7 @@ def finished(run: Path, iterations: int) -> bool:
 
 def run_study(args) -> None:
     """Every (row, seed) cell in turn: skipped when finished, resumed when started, else started."""
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.seeds):
         for row in args.rows:
             cfg = loop.parse_args(cell_args(args, row, seed))      # validates the flags before anything runs
             run = args.dir / cfg.name

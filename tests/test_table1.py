@@ -69,9 +69,20 @@ def test_study_resumes_after_a_kill_and_prints_table1(tmp_path):
 
 
 def test_bad_rows_and_reserved_flags_are_refused(tmp_path):
-    for extra in (["--rows", "grpo,nope"], ["--seed", "3"], ["--name", "x"], ["--rows", "stepwise,full"]):
+    for extra in (["--rows", "grpo,nope"], ["--seed", "3"], ["--name", "x"], ["--rows", "stepwise,full"],
+                  ["--seeds", "2", "--first-seed", "2"], ["--first-seed", "-1"]):
         with pytest.raises(SystemExit):
             table1.parse([*extra, "--runs-dir", str(tmp_path)])
+
+
+def test_first_seed_runs_only_the_later_seeds(tmp_path, monkeypatch):
+    """--first-seed 1 of 3 starts the cells of seeds 1 and 2, row by row, and none of seed 0 (the loop.py
+    processes are recorded, not run)."""
+    started = []
+    monkeypatch.setattr(table1.subprocess, "call", lambda cmd, cwd: started.append(cmd[cmd.index("--name") + 1]) or 0)
+    table1.run_study(table1.parse(["--seeds", "3", "--first-seed", "1", "--rows", "grpo,policy",
+                                   "--runs-dir", str(tmp_path)]))
+    assert started == ["grpo-s1", "policy-s1", "grpo-s2", "policy-s2"]
 
 
 def test_contrasts_pair_rows_over_tasks_within_a_seed_by_hand():
