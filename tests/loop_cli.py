@@ -7,6 +7,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# The Table 1 rows that the other settings' end-to-end tests run. A row only switches parts on and off in loop.py
+# and policy.score_steps (config.Row); no adapter sees it. Coding (tests/test_loop.py, one step per episode) and the
+# maze (tests/test_maze.py, the multi-turn runner the agent settings share) run all five rows; every setting runs
+# these two, which reach each adapter method: grpo without R, full with R judging and training and E rewriting.
+SETTING_ROWS = ["grpo", "full"]
+
 
 def two_iterations(task: str, ablation: str, tmp_path: Path, *flags: str, env: dict | None = None) -> list[dict]:
     """Run it, check that it finished both iterations (E only in the full row), and return its metrics rows;

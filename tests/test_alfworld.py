@@ -13,7 +13,7 @@ import pytest
 
 from plumbing import models
 import loop
-from loop_cli import two_iterations
+from loop_cli import SETTING_ROWS, two_iterations
 from records import Completion
 from records import Group, Rollout, Step
 from tasks import TaskError
@@ -219,7 +219,7 @@ def test_variants_mode_moves_to_a_longer_or_shorter_plan(adapter):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ablation", list(loop.ABLATIONS))
+@pytest.mark.parametrize("ablation", SETTING_ROWS)
 def test_cli_two_iterations_each_ablation(data, tmp_path, ablation):
     rows = two_iterations("alfworld", ablation, tmp_path, "--max-turns", "3", "--eval-tasks", "2",
                           "--env-max-new-tokens", "8", env={**os.environ, "ALFWORLD_DATA": str(data)})

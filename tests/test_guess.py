@@ -4,7 +4,7 @@ import pytest
 
 import loop
 import tasks
-from loop_cli import two_iterations
+from loop_cli import SETTING_ROWS, two_iterations
 from records import Completion
 from tasks import guess
 
@@ -46,7 +46,7 @@ def test_a_setting_missing_a_method_fails_at_start_up_in_one_line(tmp_path, monk
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ablation", list(loop.ABLATIONS))
+@pytest.mark.parametrize("ablation", SETTING_ROWS)
 def test_cli_two_iterations_each_ablation(tmp_path, ablation):
     rows = two_iterations("guess", ablation, tmp_path, "--max-turns", "3", "--eval-tasks", "3", "--eval-every", "0")
     assert "eval/ood/success" in rows[0] and "eval/in_domain/success_se" in rows[-1]

@@ -18,7 +18,7 @@ import pytest
 
 from plumbing import models
 import loop
-from loop_cli import two_iterations
+from loop_cli import SETTING_ROWS, two_iterations
 from records import Completion
 from tasks import TaskError
 from tasks import osworld as ow
@@ -369,7 +369,7 @@ def test_osworld_backend_input_errors(tmp_path):
 
 # ───────────────────────────── the loop ─────────────────────────────
 
-@pytest.mark.parametrize("ablation", list(loop.ABLATIONS))
+@pytest.mark.parametrize("ablation", SETTING_ROWS)
 def test_cli_two_iterations_each_ablation(tmp_path, ablation):
     rows = two_iterations("osworld", ablation, tmp_path, "--max-turns", "2", "--eval-tasks", "2",
                           "--env-max-new-tokens", "8")

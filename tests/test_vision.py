@@ -16,7 +16,7 @@ import torch
 
 import loop
 import ppo
-from loop_cli import two_iterations
+from loop_cli import SETTING_ROWS, two_iterations
 from plumbing import logprobs, models, vision
 from plumbing.engines import HFEngine, make_engines, render_chat, vllm_usable
 from records import Sample
@@ -198,7 +198,7 @@ def test_fake_osworld_bridge_screenshots_reach_p_and_r(vlm, tmp_path, monkeypatc
     assert steps[0].judge_images[0].shape == (108, 192, 3)    # the fixture's PNG, decoded
 
 
-@pytest.mark.parametrize("ablation", list(loop.ABLATIONS))
+@pytest.mark.parametrize("ablation", SETTING_ROWS)
 def test_cli_two_iterations_with_the_tiny_vlm(tmp_path, ablation):
     """As a newcomer runs it, on MiniWoB in real Chromium; zero-advantage steps are kept so that P's update,
     with images, runs whatever the random model's rollouts score."""
