@@ -112,8 +112,7 @@ def m_sampling(args) -> None:
     from plumbing import engines, models
     model, tok = models.load(args.model)
     t0 = time.perf_counter()
-    # the precision a run samples in here: bf16 where it is native, else fp32 (emulated bf16 is far slower)
-    engine = engines.make_engines(args.engine, {"p": (model, tok)}, batch_size=64, amp=models.bf16_fast())["p"]
+    engine = sampling_engine(args, model, tok)
     startup = time.perf_counter() - t0
     adapter = coding_adapter()
     prompts = policy_prompts(adapter, tok, [adapter.tasks[i % len(adapter.tasks)] for i in range(64)])
@@ -124,6 +123,13 @@ def m_sampling(args) -> None:
         rates.append(sum(len(c.ids) for cs in out for c in cs) / (time.perf_counter() - t0))
     emit(part="sampling", engine=args.engine, tok_s=statistics.median(rates), runs=rates, startup_s=startup,
          dtype="bfloat16" if models.bf16_fast() else "float32")
+
+
+def sampling_engine(args, model, tok):
+    """P's engine for the sampling parts, in the precision a run samples in here: bf16 where it is native, else
+    fp32 (emulated bf16 is far slower)."""
+    from plumbing import engines, models
+    return engines.make_engines(args.engine, {"p": (model, tok)}, batch_size=64, amp=models.bf16_fast())["p"]
 
 
 def random_samples(vocab: int, n: int = 8, prompt: int = 256, response: int = 256):
@@ -259,8 +265,7 @@ def m_ours_grpo(args) -> None:
     import policy
     model, tok = models.load(args.model)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # as TRL's default
-    # the precision a run samples in here: bf16 where it is native, else fp32 (emulated bf16 is far slower)
-    engine = engines.make_engines(args.engine, {"p": (model, tok)}, batch_size=64, amp=models.bf16_fast())["p"]
+    engine = sampling_engine(args, model, tok)
     optimizer = ppo.make_optimizer(model, 1e-6)
     adapter, tasks, _ = grpo_prompts(tok)
     # every GT test runs (policy_reward "reference" needs the share passed), as in the TRL run's reward: identical work
