@@ -274,7 +274,8 @@ def build_models(cfg: Config, use_rm: bool, policy_init: str, rm_init: str, env_
         to_serve["environment"] = load(env_init, cfg.seed)
     t0 = time.perf_counter()
     engines = make_engines(cfg.engine, to_serve, batch_size=cfg.gen_batch, amp=cfg.amp, seed=cfg.seed,
-                           max_model_len=cfg.max_model_len, gpu_memory_utilization=cfg.vllm_gpu_memory)
+                           max_model_len=cfg.max_model_len, gpu_memory_utilization=cfg.vllm_gpu_memory,
+                           kv_block=cfg.kv_block)
     print(f"[loop] engine {cfg.engine}: {type(engines['policy']).__name__} for {', '.join(engines)} "
           f"(ready in {time.perf_counter() - t0:.0f}s)", flush=True)
     if dist.active() and not cfg.eval_only:   # each rank samples from a full copy, refreshed after each update
@@ -314,8 +315,10 @@ def eval_only(cfg: Config) -> None:
     adapter = tasks.get(cfg.task, cfg)
     _, engines = build_models(cfg, True, policy_init, rm_init)   # under torchrun, a full copy on each rank
     seed_everything(cfg.seed + dist.rank())
+    t0 = time.perf_counter()
     results = evaluate(cfg, adapter, engines)   # each rank plays its share of the tasks
     if dist.rank() == 0:
+        print(f"[loop] eval in {time.perf_counter() - t0:.0f}s", flush=True)
         print_table({k.removeprefix("eval/"): v for k, v in results.items()})
 
 

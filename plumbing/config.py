@@ -71,6 +71,8 @@ class Config:
                       choices=list(ENGINES))
     vllm_gpu_memory: float = opt(0.3, "vLLM on GPU: share of GPU memory for its weights + KV cache (the trainer shares the GPU)")
     max_model_len: int = opt(4096, "vLLM: longest prompt + generation")
+    kv_block: int = opt(0, "vLLM: tokens per KV-cache block, the grain of its prefix cache (0: 32 on CPU, where vLLM's "
+                        "own 128 caches none of the map a maze's prompts share; vLLM's own on GPU)")
     seed: int = opt(0, "random seed")
     iterations: int = opt(15, "training iterations")
     ablation: str = opt("full", "paper Table 1 row", choices=list(ABLATIONS))
@@ -271,6 +273,8 @@ RANGES = [
     ("gen_batch", lambda v: v >= 1, "at least 1"),
     ("micro_batch", lambda v: v >= 1, "at least 1"),
     ("max_model_len", lambda v: v >= 64, "at least 64"),
+    ("kv_block", lambda v: v >= 0 and v % 32 == 0, "0 (the engine's choice) or a multiple of 32 (vLLM's CPU attention "
+                                                   "takes no other)"),
     ("max_new_tokens", lambda v: v >= 1, "at least 1"),
     ("rm_max_new_tokens", lambda v: v >= 1, "at least 1"),
     ("env_max_new_tokens", lambda v: v >= 1, "at least 1"),

