@@ -51,8 +51,7 @@ def test_greedy_equals_transformers_engine(pair):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on GPU the block size is vLLM's own")
 def test_cpu_engine_caches_prefixes_in_small_blocks(pair):
-    """The prefix cache reuses whole blocks: the engine runs CPU_KV_BLOCK-token blocks, not the CPU build's 128 (the
-    greedy test above then also covers prompts whose chat-template opening comes from the cache)."""
+    """The prefix cache reuses whole blocks: the engine runs CPU_KV_BLOCK-token blocks, not the CPU build's 128."""
     assert pair[1]["p"].server.llm.llm_engine.vllm_config.cache_config.block_size == CPU_KV_BLOCK == 32
 
 
