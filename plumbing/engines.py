@@ -358,7 +358,7 @@ class _VLLMServer:
         options |= {"limit_mm_per_prompt": {"image": 2, "video": 0}} if reads_images else {}   # R sees two a step
         # The prefix cache reuses whole blocks only. The CPU build's default block holds 128 tokens, and the prompts
         # of one maze task share their first 83-90 (the rules and the map; the judge's then name the step): a
-        # 128-token block caches none of that, a 32-token one all but the last few (docs/BENCHMARKS.md).
+        # 128-token block caches none of that, 32-token ones the first 64 (docs/BENCHMARKS.md).
         if kv_block := kv_block or (0 if torch.cuda.is_available() else CPU_KV_BLOCK):
             options["block_size"] = kv_block
         with _without_c_notice(_NUMA_NOTICE):
