@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import tasks
-from plumbing.engines import ENGINES
+from plumbing.engines import CPU_KV_BLOCK, ENGINES
 from plumbing.models import bf16_fast
 from plumbing.vision import names_vlm
 
@@ -71,8 +71,8 @@ class Config:
                       choices=list(ENGINES))
     vllm_gpu_memory: float = opt(0.3, "vLLM on GPU: share of GPU memory for its weights + KV cache (the trainer shares the GPU)")
     max_model_len: int = opt(4096, "vLLM: longest prompt + generation")
-    kv_block: int = opt(0, "vLLM: tokens per KV-cache block, the grain of its prefix cache (0: 32 on CPU, where vLLM's "
-                        "own 128 caches none of the map a maze's prompts share; vLLM's own on GPU)")
+    kv_block: int = opt(0, f"vLLM: tokens per KV-cache block, the grain of its prefix cache (0: {CPU_KV_BLOCK} on CPU, "
+                        "where vLLM's own 128 caches none of the map a maze's prompts share; vLLM's own on GPU)")
     seed: int = opt(0, "random seed")
     iterations: int = opt(15, "training iterations")
     ablation: str = opt("full", "paper Table 1 row", choices=list(ABLATIONS))

@@ -359,8 +359,8 @@ class _VLLMServer:
         # The prefix cache reuses whole blocks only. The CPU build's default block holds 128 tokens, and the prompts
         # of one maze task share their first 83-90 (the rules and the map; the judge's then name the step): a
         # 128-token block caches none of that, 32-token ones the first 64 (docs/BENCHMARKS.md).
-        if kv_block := kv_block or (0 if torch.cuda.is_available() else CPU_KV_BLOCK):
-            options["block_size"] = kv_block
+        block = kv_block or (0 if torch.cuda.is_available() else CPU_KV_BLOCK)   # 0: vLLM's own
+        options |= {"block_size": block} if block else {}
         with _without_c_notice(_NUMA_NOTICE):
             self.llm = LLM(model=str(self.folder), load_format="dummy", skip_tokenizer_init=not reads_images, dtype=dtype,
                            max_model_len=max_model_len, seed=seed + dist.rank(),

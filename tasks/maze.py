@@ -40,8 +40,9 @@ from tasks.agent import HISTORY, AgentAdapter, Episode, parse_choice
 # weights come from a 4-bit GGUF and 8 % of them sit exactly halfway between two bf16 values, so an update far
 # below bf16's resolution flips them all in its own direction, and a bf16 sampler acts on a much larger step
 # than the trainer took (after one R update: P(verdict −1) 0.24 → 0.30 in fp32, 0.25 → 0.78 sampled in bf16;
-# scripts/sampler_check.py, docs/NOTES.md). P is evaluated before and after training only, as in coding: a mid-run
-# eval took 7 of a cell's 64 minutes on a 2-core AVX2 machine and changes nothing that is learned (--eval-every 4 for a curve).
+# scripts/sampler_check.py, docs/NOTES.md). P and R are evaluated before and after training only, as in coding: a
+# mid-run eval took 7 of a cell's 64 minutes on a 2-core AVX2 machine and changes nothing that is learned
+# (--eval-every 4 for a curve).
 DEFAULTS = {
     "tasks_per_iter": 6, "group_size": 8, "max_turns": 6, "max_new_tokens": 3, "m": 3, "rm_max_new_tokens": 3,
     "temperature": 1.0, "top_p": 1.0, "rm_temperature": 1.0, "rm_top_p": 1.0, "env_mode": "variants",
