@@ -201,7 +201,8 @@ def optimize(cfg: Config, trained: Trained, engine, samples, it: int, name: str)
     stats = ppo_update(trained.module, optimizer, samples, trained.tokenizer.pad_token_id, clip_eps=cfg.clip_eps,
                        steps=cfg.policy_steps if name == "policy" else cfg.rm_steps, target_kl=cfg.target_kl_of(name),
                        kl_beta=cfg.kl_beta, micro_batch=cfg.micro_batch, amp=cfg.amp and cfg.train_amp, seed=it,
-                       log_ratio_clamp=cfg.log_ratio_clamp, warmup_steps=cfg.warmup_steps)
+                       log_ratio_clamp=cfg.log_ratio_clamp, warmup_steps=cfg.warmup_steps,
+                       sampler_old_kl=cfg.sampler_old_kl)
     trained.saved = trained.saved and not stats   # no samples, no step: the checkpoint still holds this model
     engine.sync()
     release_memory()

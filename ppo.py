@@ -63,13 +63,15 @@ RELEASED = {"clip_eps": 0.2, "kl_beta": 0.01, "log_ratio_clamp": 10.0, "warmup_s
 
 def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: int, micro_batch: int, amp: bool,
                seed: int, clip_eps: float, kl_beta: float, log_ratio_clamp: float, warmup_steps: int,
-               target_kl: float, max_grad_norm: float = 1.0, pack: bool = True) -> dict:
+               target_kl: float, max_grad_norm: float = 1.0, pack: bool = True, sampler_old_kl: float = 0.0) -> dict:
     """Eq. 5: `steps` PPO-clip optimizer steps over this iteration's samples. Per token t of sample i, with
     r = π_θ/π_old and the k3 KL estimate to π_old, the policy that sampled the data (the weights before this
     update; no separate frozen reference model), as `token_loss` computes them:
         ℓ_t = −min(r·A_i, clip(r, 1−ε, 1+ε)·A_i) + β·(π_old/π_θ − log(π_old/π_θ) − 1)
-    The loss is the token-mean per sequence, then the mean over the mini-batch. "Old" log-probs are recomputed
-    here by the trained model, never taken from the sampler (`Diagnostics` compares the two).
+    The loss is the token-mean per sequence, then the mean over the mini-batch.
+    π_old: the first mini-batch's own forward pass (π_θ = π_old before the first step); the later ones', a no-grad
+    pass before that step (the released code), or the sampler's log-probs where the first mini-batch measured the
+    sampler within sampler_old_kl (k3; fp32 samplers about 1e-10, bf16 1e-3, docs/NOTES.md): `sampler_matches`.
 
     The trust region (target_kl > 0; not in the released code): an update whose KL to π_old exceeds target_kl is
     scaled back into it (`line_search`). CleanRL's --target-kl only stops before a further step; here the first
@@ -83,26 +85,31 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
     lp.train()
     params = [p for p in lp.parameters() if p.requires_grad]
     start = [p.detach().clone() for p in params] if target_kl else []   # θ_old, for the line search
-    old = {}   # π_old per micro-batch: a no-grad pass for those that train after the first optimizer step; the
-    with torch.no_grad():   # first mini-batch's own forward pass gives its π_old (π_old = π_θ there: one pass saved)
-        for k, b in ranks.batches([k for mb in minibatches[1:] for k in mb]):
-            old[k] = log.old(k, b, *lp(**inputs(b), amp=amp, entropy_at=b.mask.bool()))
-            log.work["tokens_forward"] += b.tokens
-    for mb in minibatches:   # one optimizer step per mini-batch
+    old, from_sampler = {}, False   # π_old per micro-batch (key → [n, R]); the later ones' from the sampler?
+    for i, mb in enumerate(minibatches):   # one optimizer step per mini-batch
         n_seq = ranks.sequences(mb)
         if not n_seq:
             continue
         optimizer.zero_grad(set_to_none=True)
         for k, b in ranks.batches(mb):
-            if k in old:
-                logp = lp(**inputs(b), amp=amp)                                           # [n, R]
-            else:   # on-policy: this pass is π_old
-                logp, ent = lp(**inputs(b), amp=amp, entropy_at=b.mask.bool())
+            if i == 0:   # on-policy: this pass is π_old
+                logp, ent = lp(**inputs(b), amp=amp, entropy_at=b.mask.bool())        # [n, R] each
                 old[k] = log.old(k, b, logp, ent)
+            else:
+                logp = lp(**inputs(b), amp=amp)                                       # [n, R]
+                if from_sampler:
+                    old[k] = b.sampled
             pg, kl, ratio = token_loss(logp, old[k], b.adv, clip_eps, log_ratio_clamp)  # [n, R] each
             per_seq = ((pg + kl_beta * kl) * b.mask).sum(-1) / b.mask.sum(-1).clamp(min=1)  # [n] token-mean
             ranks.backward(per_seq, k, n_seq)                                         # mean over the mini-batch
             log.micro_batch(k, b, per_seq, clipped(ratio, clip_eps), kl)
+        if i == 0:   # θ is still θ_old: the later mini-batches' π_old, before the first step
+            later = [k for later_mb in minibatches[1:] for k in later_mb]
+            if not (from_sampler := sampler_matches(ranks, later, log, sampler_old_kl)):
+                with torch.no_grad():
+                    for k, b in ranks.batches(later):
+                        old[k] = log.old(k, b, *lp(**inputs(b), amp=amp, entropy_at=b.mask.bool()))
+                        log.work["tokens_forward"] += b.tokens
         log.grad_norm(torch.nn.utils.clip_grad_norm_(lp.parameters(), max_grad_norm))
         warm_up(optimizer, warmup_steps)
         optimizer.step()
@@ -111,7 +118,15 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
     if target_kl and kl > target_kl:
         alpha, kl, clip = line_search(params, start, measure, kl, target_kl)
     lp.eval()
-    return log.summary(ranks, len(samples), alpha, kl, clip)
+    return log.summary(ranks, len(samples), alpha, kl, clip) | {"old_from_sampler": float(from_sampler)}
+
+
+def sampler_matches(ranks, keys: list[int], log, tolerance: float) -> bool:
+    """Whether micro-batches `keys` take π_old from the sampler: every sample of every rank has its sampler
+    log-probs, and the k3 KL(π_sampler ‖ π_old) measured so far is at most tolerance (> 0). Alike on all ranks."""
+    missing = sum(s.logprobs is None or len(s.logprobs) != len(s.response_ids) for k in keys for s in ranks.micro[k])
+    return bool(tolerance) and not ranks.sum(missing) and (drift := log.mismatch(ranks)) is not None \
+        and drift[1] <= tolerance
 
 
 @torch.no_grad()
@@ -141,7 +156,8 @@ class Diagnostics:
     |log π_old − log π_sampler| and k3 KL(π_sampler ‖ π_old) over every trained token whose sampler log-prob is
     known (0 when the engine samples the trained policy; a bf16 sampler, stale weights or an engine bug show
     here); tokens_forward and tokens_backward, this rank's real tokens through forward and backward passes
-    (scripts/bench.py). Blank micro-batches (`dist.Lockstep`, key None) count work only."""
+    (scripts/bench.py). Blank micro-batches (`dist.Lockstep`, key None) count work only. Where π_old came from
+    the sampler (old_from_sampler), entropy and the sampler pair cover the first mini-batch's tokens only."""
 
     def __init__(self):
         self.stats = {"loss": [], "clipfrac": [], "kl": [], "entropy": [], "grad_norm": []}
@@ -173,11 +189,15 @@ class Diagnostics:
     def grad_norm(self, norm) -> None:   # a DTensor under FSDP2
         self.stats["grad_norm"].append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
 
+    def mismatch(self, ranks) -> tuple[float, float] | None:
+        """(mean |Δ|, mean k3) of the sampler against π_old over every rank's tokens so far; None: none known."""
+        abs_sum, k3_sum, known = (ranks.sum(x) for x in self.drift.tolist())
+        return (abs_sum / known, k3_sum / known) if known > 0 else None
+
     def summary(self, ranks, samples: int, alpha: float, kl: float, clip: float) -> dict:
         self.stats["step_scale"], self.stats["update_kl"], self.stats["update_clipfrac"] = [alpha], [kl], [clip]
-        if (known := ranks.sum(self.drift[2].item())) > 0:   # token means over every rank's sampled tokens
-            self.stats["sampler_abs_diff"] = [ranks.sum(self.drift[0].item()) / known]
-            self.stats["sampler_kl"] = [ranks.sum(self.drift[1].item()) / known]
+        if drift := self.mismatch(ranks):
+            self.stats["sampler_abs_diff"], self.stats["sampler_kl"] = [drift[0]], [drift[1]]
         means = {k: sum(v) / len(v) for k, v in self.stats.items() if v}
         return means | {"samples": samples, "steps": len(self.stats["grad_norm"])} | self.work
 

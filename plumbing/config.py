@@ -139,6 +139,9 @@ class Config:
                            "the sampling policy (token mean, k3) is at most this (ppo.line_search; 0: off)")
     rm_target_kl: float = opt(-1.0, "R's trust region, as --target-kl for R alone (not in the paper; -1: the same "
                               "as --target-kl)")
+    sampler_old_kl: float = opt(1e-6, "take π_old of the mini-batches after the first from the sampler's log-probs "
+                                "when the first one's sampler KL (k3, token mean) is at most this, saving a forward "
+                                "pass (ppo.ppo_update; 0: always recompute, the released code)")
     warmup_steps: int = opt(0, "linear LR warm-up over each AdamW's first N optimizer steps: with a fresh optimizer "
                             "every iteration's, else the run's first N (0: constant LR, the released code)")
     micro_batch: int = opt(4, "sequences per forward/backward (gradient accumulation)")
@@ -283,6 +286,7 @@ RANGES = [
     ("rm_steps", lambda v: v >= 1, "at least 1"),
     ("warmup_steps", lambda v: v >= 0, ">= 0 (0: no warm-up)"),
     ("target_kl", lambda v: v >= 0, ">= 0 (0: off)"),
+    ("sampler_old_kl", lambda v: v >= 0, ">= 0 (0: always recompute)"),
     ("rm_target_kl", lambda v: v >= 0 or v == -1, ">= 0 (0: off), or -1 (the same as --target-kl)"),
     ("lr", lambda v: 0 < v < 1, "in (0, 1)"),
     ("rm_lr", lambda v: 0 < v < 1, "in (0, 1)"),

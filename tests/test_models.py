@@ -260,9 +260,43 @@ def test_fp32_sampler_agrees_with_the_trainer_and_a_stale_one_does_not():
     assert second["sampler_abs_diff"] > 1e-2 and second["sampler_kl"] > 1e-4
 
 
+def test_pi_old_from_a_matching_sampler_saves_a_pass_and_a_drifted_one_is_recomputed():
+    """sampler_old_kl > 0: the fp32 sampler's k3 KL on the first mini-batch (about 1e-10) is within 1e-6, so the
+    second mini-batch takes π_old from the sampler's log-probs: its no-grad pass is saved, and the weights move as
+    with π_old recomputed, to float noise. Log-probs shifted by 0.05 (k3 = e^0.05 − 1.05 ≈ 1.3e-3) fail the check:
+    π_old is recomputed and the update is the recomputing one exactly."""
+    import copy
+    import dataclasses
+
+    model, tok = models.load("tiny", seed=0)
+    torch.manual_seed(0)
+    samples = _sampled(engines.make_engines("hf", {"p": (model, tok)}, amp=False)["p"], tok)
+    drifted = [dataclasses.replace(s, logprobs=[x - 0.05 for x in s.logprobs]) for s in samples]
+
+    def update(data, tolerance):
+        trained = copy.deepcopy(model)
+        stats = ppo.ppo_update(trained, ppo.make_optimizer(trained, 1e-2), data, tok.pad_token_id, steps=2,
+                               micro_batch=2, amp=False, seed=0, **ppo.RELEASED | {"sampler_old_kl": tolerance})
+        return stats, trained.state_dict()
+
+    (full, w_full), (saved, w_saved) = update(samples, 0.0), update(samples, 1e-6)
+    assert full["old_from_sampler"] == 0 and saved["old_from_sampler"] == 1
+    assert saved["sampler_kl"] < 1e-9 and saved["update_kl"] > 1e-3
+    second_half = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples) / 2   # packed rows hold it less
+    assert 0 < full["tokens_forward"] - saved["tokens_forward"] <= second_half
+    assert saved["update_kl"] == pytest.approx(full["update_kl"], rel=1e-3)
+    for k in w_full:
+        torch.testing.assert_close(w_saved[k], w_full[k], atol=1e-5, rtol=0)
+    (redo, w_redo), (off, w_off) = update(drifted, 1e-6), update(drifted, 0.0)
+    assert redo["old_from_sampler"] == 0 and redo["sampler_kl"] > 1e-3
+    assert redo["tokens_forward"] == off["tokens_forward"] == full["tokens_forward"]
+    for k in w_off:
+        assert torch.equal(w_redo[k], w_off[k]), k
+
+
 def test_samples_without_sampler_logprobs_report_no_mismatch(tiny):
     """A sample whose engine gave no log-probs (transformers' generate for a VLM) is left out of the mismatch;
-    with none known, the update reports none."""
+    with none known, the update reports none, and its π_old is never taken from the sampler."""
     model, tok = models.load("tiny", seed=0)
     prompt = tok(engines.render_chat(tok, "q"), add_special_tokens=False)["input_ids"]
     samples = [records.Sample(prompt, tok(t, add_special_tokens=False)["input_ids"], a)
@@ -270,6 +304,9 @@ def test_samples_without_sampler_logprobs_report_no_mismatch(tiny):
     stats = ppo.ppo_update(model, ppo.make_optimizer(model, 1e-3), samples, tok.pad_token_id, steps=1, micro_batch=2,
                            amp=False, seed=0, **ppo.RELEASED)
     assert "sampler_kl" not in stats and "sampler_abs_diff" not in stats
+    stats = ppo.ppo_update(model, ppo.make_optimizer(model, 1e-3), samples * 2, tok.pad_token_id, steps=2,
+                           micro_batch=2, amp=False, seed=0, **ppo.RELEASED | {"sampler_old_kl": 1.0})
+    assert stats["old_from_sampler"] == 0               # no sampler log-probs: π_old recomputed, whatever the bound
 
 
 def test_dither_takes_weights_off_the_bf16_ties_and_small_updates_reach_bf16_in_proportion():
