@@ -14,7 +14,8 @@ and prints one JSON line; this script collects them and prints the tables. Parts
             machine never compiled this engine (then it shows the compile)
   train     one PPO step on 8 × 512 tokens: the textbook fp32 full-logits baseline vs this
             project's update (bf16 autocast, chunked log-probs), + grad checkpointing, + LoRA,
-            and next to a live vLLM engine (as in the loop); weight sync seconds
+            and next to a live vLLM engine (as in the loop); weight sync seconds; and a two-step update whose
+            second mini-batch's π_old is recomputed or taken from an fp32 sampler (--sampler-old-kl)
   loop      full iterations of `loop.py --task <task>` per engine (or of finished runs: --runs DIR ...): seconds
             per stage, each beside its FLOP floor (the stage's tokens × FLOPs per token ÷ the measured matmul peak)
             and its share of it
@@ -163,6 +164,20 @@ def baseline_step(model, optimizer, samples, pad_id):
     optimizer.step()
 
 
+def own_logprobs(model, samples, pad_id):
+    """The samples with the trainer's own log-probs as their sampler's: an fp32 sampler (k3 KL about 1e-10, the
+    maze's). With AdamW at LR 0 the weights, and so this agreement, stay as they are over the repeats."""
+    import dataclasses
+
+    import torch
+
+    from plumbing import logprobs, models
+    lp = logprobs.LogProbs(model)
+    with torch.no_grad():
+        return [dataclasses.replace(s, logprobs=lp(**logprobs.inputs(logprobs.collate([s], pad_id, "cpu")),
+                                                     amp=models.bf16_fast())[0].tolist()) for s in samples]
+
+
 def m_train(args) -> None:
     from plumbing import engines, models
     import ppo
@@ -176,12 +191,19 @@ def m_train(args) -> None:
     samples = random_samples(len(tok))
     if args.variant == "baseline_fp32":
         step = lambda: baseline_step(model, optimizer, samples, tok.pad_token_id)  # noqa: E731
+    elif args.variant.startswith("two_steps"):   # π_old of the second mini-batch: recomputed, or the sampler's
+        samples, optimizer = own_logprobs(model, samples, tok.pad_token_id), ppo.make_optimizer(model, 0.0)
+        tolerance = 1e-6 if args.variant == "two_steps_sampler_old" else 0.0
+        step = lambda: ppo.ppo_update(model, optimizer, samples, tok.pad_token_id, steps=2, micro_batch=4,  # noqa: E731
+                                      amp=models.bf16_fast(), seed=0, **ppo.RELEASED | {"sampler_old_kl": tolerance})
     else:
         step = lambda: ppo.ppo_update(model, optimizer, samples, tok.pad_token_id, steps=1, micro_batch=4,  # noqa: E731
                                       amp=models.bf16_fast(), seed=0, **ppo.RELEASED)
     step()  # warm-up (allocator, AdamW state)
     secs = statistics.median(timed(step, args.repeats))
     row = dict(part="train", variant=args.variant, s_per_step=secs, tok_s=8 * 512 / secs, peak_rss_gib=peak_rss_gib())
+    if args.variant.startswith("two_steps"):
+        row["old_from_sampler"] = step()["old_from_sampler"]
     if engine is not None:
         row["sync_s"] = statistics.median(timed(engine.sync, 5))
     emit(**row)
@@ -486,7 +508,8 @@ def main() -> None:
               [[r["engine"], r["tok_s"], r["tok_s"] / base, 100 * r["tok_s"] / peak, 100 * r["tok_s"] / decode,
                 round(r["startup_s"], 1)] for r in rows])
     if "train" in parts:
-        variants = ["baseline_fp32", "ours", "ckpt", "lora"] + (["next_to_vllm"] if "vllm" in kinds else [])
+        variants = ["baseline_fp32", "ours", "ckpt", "lora", "two_steps", "two_steps_sampler_old"] + \
+            (["next_to_vllm"] if "vllm" in kinds else [])
         rows = [r for v in variants for r in run(py, "train", args, variant=v)]
         base = next((r for r in rows if r["variant"] == "baseline_fp32"), None)
         table("Training: one PPO step on 8 × 512 tokens (AdamW)",
