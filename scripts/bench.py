@@ -165,8 +165,8 @@ def baseline_step(model, optimizer, samples, pad_id):
 
 
 def own_logprobs(model, samples, pad_id):
-    """The samples with the trainer's own log-probs as their sampler's: an fp32 sampler (k3 KL about 1e-10, the
-    maze's). With AdamW at LR 0 the weights, and so this agreement, stay as they are over the repeats."""
+    """The samples with the trainer's own log-probs as their sampler's: a sampler that agrees with the trainer, as
+    the maze's fp32 one does (k3 KL about 1e-10). With AdamW at LR 0 the weights, and so this agreement, stay."""
     import dataclasses
 
     import torch
