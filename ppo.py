@@ -124,7 +124,7 @@ def ppo_update(model, optimizer, samples: list[Sample], pad_id: int, *, steps: i
 def sampler_matches(ranks, keys: list[int], log, tolerance: float) -> bool:
     """Whether micro-batches `keys` take π_old from the sampler: every sample of every rank has its sampler
     log-probs, and the k3 KL(π_sampler ‖ π_old) measured so far is at most tolerance (> 0). Alike on all ranks."""
-    missing = sum(s.logprobs is None or len(s.logprobs) != len(s.response_ids) for k in keys for s in ranks.micro[k])
+    missing = sum(not s.sampler_known for k in keys for s in ranks.micro[k])
     return bool(tolerance) and not ranks.sum(missing) and (drift := log.mismatch(ranks)) is not None \
         and drift[1] <= tolerance
 

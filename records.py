@@ -104,6 +104,11 @@ class Sample:
     vision: dict | None = None     # the prompt's screenshots (a vision-language model; Completion.vision)
     logprobs: list[float] | None = None   # the sampler's log-probs of response_ids, for the mismatch metric
 
+    @property
+    def sampler_known(self) -> bool:
+        """Whether the sampler's log-prob of every response token is known (ppo.py's mismatch and π_old)."""
+        return self.logprobs is not None and len(self.logprobs) == len(self.response_ids)
+
 
 @contextmanager
 def stage(timings: dict, name: str):

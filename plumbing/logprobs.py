@@ -80,7 +80,7 @@ def collate(samples: list[Sample], pad_id: int, device, pack: bool = True) -> Ba
             src[i, :n] = r * width + torch.tensor([n_prompt - 1, *range(at, at + n - 1)])
             tgt[i, :n] = r * width + torch.arange(at, at + n)
             mask[i, :n] = 1
-            if s.logprobs is not None and len(s.logprobs) == n:
+            if s.sampler_known:
                 sampled[i, :n], sampled_mask[i, :n] = torch.tensor(s.logprobs), 1
             at += n
     if images:

@@ -280,8 +280,11 @@ def defaults(name: str) -> dict:
 
 
 def reference(name: str) -> dict:
-    """The released code's configuration of a setting (its module's REFERENCE), for --preset reference."""
-    return getattr(importlib.import_module(REGISTRY[name]), "REFERENCE", {}) if name in REGISTRY else {}
+    """The released code's configuration of a setting (its module's REFERENCE), for --preset reference. Every
+    setting's also recomputes π_old with the trainer (`ppo.sampler_matches` never takes the sampler's)."""
+    if name not in REGISTRY:
+        return {}
+    return {"sampler_old_kl": 0.0, **getattr(importlib.import_module(REGISTRY[name]), "REFERENCE", {})}
 
 
 def get(name: str, cfg, env_mode: str | None = None) -> Setting:

@@ -320,7 +320,8 @@ def test_preset_reference_is_the_released_configuration_and_flags_still_win():
     assert (cfg.group_size, cfg.max_turns, cfg.eval_max_turns, cfg.eval_samples) == (4, 40, 60, 3)
     for task in ("livebench", "alfworld", "osworld", "maze"):   # the released optimizer: fresh AdamW, constant LR
         cfg = loop.parse_args(["--task", task, "--preset", "reference"])
-        assert (cfg.fresh_optimizer, cfg.warmup_steps, cfg.target_kl, cfg.train_amp, cfg.lr) == (True, 0, 0, True, 1e-6), task
+        assert (cfg.fresh_optimizer, cfg.warmup_steps, cfg.target_kl, cfg.train_amp, cfg.lr, cfg.sampler_old_kl) == \
+            (True, 0, 0, True, 1e-6, 0), task
 
 
 def test_existing_run_is_not_overwritten(tmp_path):
