@@ -280,8 +280,8 @@ def defaults(name: str) -> dict:
 
 
 def reference(name: str) -> dict:
-    """The released code's configuration of a setting (its module's REFERENCE), for --preset reference. Every
-    setting's also recomputes π_old with the trainer (`ppo.sampler_matches` never takes the sampler's)."""
+    """The released code's configuration of a setting (its module's REFERENCE), for --preset reference. The
+    released code always recomputes π_old with the trainer: --sampler-old-kl 0 in every setting."""
     if name not in REGISTRY:
         return {}
     return {"sampler_old_kl": 0.0, **getattr(importlib.import_module(REGISTRY[name]), "REFERENCE", {})}
