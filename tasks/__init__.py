@@ -2,8 +2,9 @@
 
 A setting is a module under tasks/ with an `Adapter` class that fulfils `Setting` (below), over the records
 of records.py, and optionally module-level DEFAULTS (its CPU defaults for loop.Config fields) and REFERENCE
-(the released code's values, for --preset reference). `get` builds it and checks at start-up that it has
-every method the run will call (`check`), so a missing one is a one-line error, not a crash iterations in.
+(the released code's values for the setting, applied over RELEASED_TRAINER by --preset reference). `get` builds
+it and checks at start-up that it has every method the run will call (`check`), so a missing one is a one-line
+error, not a crash iterations in.
 The multi-turn settings share their episode runner, evaluation and feedback: tasks/agent.py. A worked
 example: tasks/guess.py, and docs/ADDING_A_SETTING.md.
 """
@@ -279,12 +280,18 @@ def defaults(name: str) -> dict:
     return getattr(importlib.import_module(REGISTRY[name]), "DEFAULTS", {}) if name in REGISTRY else {}
 
 
+# The released code's trainer, the same in each of its settings: a new AdamW every iteration at a constant LR of
+# 1e-6, no KL early stop, bf16 autocast, log-ratios clamped at ±10, and π_old always recomputed by the trainer.
+RELEASED_TRAINER = {"lr": 1e-6, "rm_lr": 1e-6, "fresh_optimizer": True, "warmup_steps": 0, "target_kl": 0.0,
+                    "train_amp": True, "log_ratio_clamp": 10.0, "sampler_old_kl": 0.0}
+
+
 def reference(name: str) -> dict:
-    """The released code's configuration of a setting (its module's REFERENCE), for --preset reference. The
-    released code always recomputes π_old with the trainer: --sampler-old-kl 0 in every setting."""
+    """The released code's configuration of a setting, for --preset reference: its trainer (RELEASED_TRAINER),
+    then the setting's own values (its module's REFERENCE)."""
     if name not in REGISTRY:
         return {}
-    return {"sampler_old_kl": 0.0, **getattr(importlib.import_module(REGISTRY[name]), "REFERENCE", {})}
+    return {**RELEASED_TRAINER, **getattr(importlib.import_module(REGISTRY[name]), "REFERENCE", {})}
 
 
 def get(name: str, cfg, env_mode: str | None = None) -> Setting:

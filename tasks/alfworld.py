@@ -48,10 +48,9 @@ REFERENCE = {
     "tasks_per_iter": 16, "group_size": 8, "max_turns": 40, "max_new_tokens": 2000, "temperature": 0.8,
     "top_p": 0.95, "m": 3, "rm_temperature": 0.8, "rm_top_p": 0.95, "rm_max_new_tokens": 4000,
     "env_mode": "generate", "env_retries": 8, "env_temperature": 0.8, "env_top_p": 0.95, "env_max_new_tokens": 8192,
-    "lr": 1e-6, "rm_lr": 1e-6, "policy_steps": 4, "rm_steps": 4, "acc_lower": 1 / 8, "acc_upper": 7 / 8,
-    "drop_zero_adv": True, "fresh_optimizer": True, "log_ratio_clamp": 10.0,
-    "warmup_steps": 0, "target_kl": 0.0, "train_amp": True, "iterations": 200, "eval_every": 5,
-    "eval_samples": 3, "eval_temperature": 0.8, "eval_max_turns": 60, "eval_tasks": 0, "max_train_samples": 0,
+    "policy_steps": 4, "rm_steps": 4, "acc_lower": 1 / 8, "acc_upper": 7 / 8, "drop_zero_adv": True,
+    "iterations": 200, "eval_every": 5, "eval_samples": 3, "eval_temperature": 0.8, "eval_max_turns": 60,
+    "eval_tasks": 0, "max_train_samples": 0,
 }
 SPLITS = {"train": "train", "in_domain": "valid_seen", "ood": "valid_unseen"}
 TYPE_TEXT = {"pick_and_place_simple": "put an object in a receptacle",

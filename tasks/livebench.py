@@ -59,10 +59,8 @@ DEFAULTS = {"drop_zero_adv": False, "eval_samples": 8, "eval_temperature": 1.0, 
 REFERENCE = {
     "tasks_per_iter": 64, "group_size": 32, "m": 16, "max_new_tokens": 2048, "temperature": 1.0, "top_p": 0.95,
     "rm_temperature": 0.8, "rm_top_p": 0.95, "rm_max_new_tokens": 2048, "env_mode": "generate", "env_retries": 3,
-    "env_temperature": 0.8, "env_top_p": 0.95, "env_max_new_tokens": 8096, "lr": 1e-6, "rm_lr": 1e-6,
-    "policy_steps": 2, "rm_steps": 2, "acc_lower": 0.2, "acc_upper": 0.8, "drop_zero_adv": False,
-    "policy_reward": "reference", "fresh_optimizer": True, "log_ratio_clamp": 10.0,
-    "warmup_steps": 0, "target_kl": 0.0, "train_amp": True, "iterations": 300,
+    "env_temperature": 0.8, "env_top_p": 0.95, "env_max_new_tokens": 8096, "policy_steps": 2, "rm_steps": 2,
+    "acc_lower": 0.2, "acc_upper": 0.8, "drop_zero_adv": False, "policy_reward": "reference", "iterations": 300,
     "eval_every": 10, "eval_samples": 3, "eval_temperature": 0.0, "coding_task": "generation",
     "stop_after_code": False,
 }

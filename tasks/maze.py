@@ -51,10 +51,8 @@ DEFAULTS = {
     "eval_temperature": 1.0, "eval_tasks": 0, "micro_batch": 16, "max_train_samples": 32, "lr": 3e-6, "rm_lr": 3e-6,
     "target_kl": 0.01, "amp": False, "train_amp": False, "grad_checkpointing": False,
 }
-# The maze is in neither the paper nor the released code: --preset reference gives it the released optimizer,
-# a new AdamW every iteration at a constant LR of 1e-6 (the released code's, for 7B models).
-REFERENCE = {"lr": 1e-6, "rm_lr": 1e-6, "fresh_optimizer": True, "warmup_steps": 0, "target_kl": 0.0,
-             "train_amp": True, "log_ratio_clamp": 10.0}
+# The maze is in neither the paper nor the released code: it has no REFERENCE, so --preset reference gives it
+# the released trainer only (tasks.RELEASED_TRAINER), a new AdamW every iteration at a constant LR of 1e-6.
 MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 # (rows, cols, walls, shortest-path length range): easy → hard
 LEVELS = [(3, 3, 0, (1, 1)), (3, 3, 0, (2, 2)), (4, 4, 0, (3, 4)), (5, 5, 3, (4, 6))]

@@ -54,11 +54,9 @@ DEFAULTS = {  # CPU defaults (each one a flag); --help shows the released value 
 REFERENCE = {
     "tasks_per_iter": 12, "group_size": 8, "max_turns": 30, "max_new_tokens": 4096, "temperature": 1.0,
     "top_p": 0.9, "m": 3, "rm_temperature": 0.8, "rm_top_p": 1.0, "rm_max_new_tokens": 8096, "env_mode": "generate",
-    "env_retries": 3, "env_temperature": 0.8, "env_top_p": 0.95, "env_max_new_tokens": 8096, "lr": 1e-6,
-    "rm_lr": 1e-6, "policy_steps": 4, "rm_steps": 2, "acc_lower": 0.0, "acc_upper": 1.0, "drop_zero_adv": True,
-    "fresh_optimizer": True, "log_ratio_clamp": 10.0,
-    "warmup_steps": 0, "target_kl": 0.0, "train_amp": True, "iterations": 400, "eval_every": 20, "eval_samples": 3,
-    "eval_temperature": 0.0, "eval_max_turns": 30, "max_train_samples": 0,
+    "env_retries": 3, "env_temperature": 0.8, "env_top_p": 0.95, "env_max_new_tokens": 8096, "policy_steps": 4,
+    "rm_steps": 2, "acc_lower": 0.0, "acc_upper": 1.0, "drop_zero_adv": True, "iterations": 400, "eval_every": 20,
+    "eval_samples": 3, "eval_temperature": 0.0, "eval_max_turns": 30, "max_train_samples": 0,
 }
 EXAMPLE_ACTION = True        # see the module docstring
 SCREEN_CHARS = 1500          # the element list is cut here (OSWorld's trees can be long)
