@@ -322,6 +322,7 @@ def test_preset_reference_is_the_released_configuration_and_flags_still_win():
         cfg = loop.parse_args(["--task", task, "--preset", "reference"])
         assert (cfg.fresh_optimizer, cfg.warmup_steps, cfg.target_kl, cfg.train_amp, cfg.lr, cfg.sampler_old_kl) == \
             (True, 0, 0, True, 1e-6, 0), task
+        assert {k: getattr(cfg, k) for k in ppo.RELEASED} == ppo.RELEASED, task   # tasks.RELEASED_TRAINER agrees
 
 
 def test_existing_run_is_not_overwritten(tmp_path):
