@@ -13,7 +13,8 @@ eval column after training as mean ± std over seeds with the per-seed values; "
 iteration-0 eval (the initial model, the same for every row of a seed). R's columns are UT and
 Detect in coding, Process / Outcome Acc in the agent settings (grpo has no R: "-"). A second table gives the
 paper's comparisons (CONTRASTS), row against row, paired over the eval tasks within each seed; the last one
-checks claim 4 at each seed's last eval (R's balanced Process Acc, `claim4`).
+checks claim 4 at each seed's last eval (R's balanced Process Acc, `claim4`), and the report ends with the
+machine and precision each seed ran on (`machines`).
 """
 from __future__ import annotations
 
@@ -125,6 +126,28 @@ def load_cells(folder: Path, rows, seeds: int) -> dict:
 def read_metrics(run: Path) -> list[dict]:
     """A run folder's metrics.jsonl, one dict per logged iteration."""
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def machines(args) -> str:
+    """Markdown: per seed, the machines its cells ran on (each launch's line in machine.jsonl) and the precision they
+    trained in (config.json's `amp`: bf16 autocast, else fp32). Every row of a seed should share one machine and
+    precision, since vLLM samples differently on each CPU; a seed whose cells differ is flagged."""
+    def read(path: Path) -> list[dict]:
+        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+    lines = ["| seed | cells | machine | precision | one machine |", "|---|---|---|---|---|"]
+    for seed in range(args.seeds):
+        runs = [run for row in args.rows if (run := args.dir / f"{row}-s{seed}" / "metrics.jsonl").exists()]
+        if not runs:
+            continue
+        seen = {f"{m.get('cpu', '?')}, {m.get('cpu_isa', '?')}, {m.get('cpus', '?')} cores"
+                + (f", {m['gpu']}" if m.get("gpu") else "")
+                for run in runs for m in read(run.parent / "machine.jsonl") or [{"cpu": "not recorded"}]}
+        precision = {{True: "bf16 autocast", False: "fp32"}.get(json.loads(config.read_text()).get("amp"), "not recorded")
+                     if (config := run.parent / "config.json").exists() else "not recorded" for run in runs}
+        lines.append(f"| {seed} | {len(runs)} | {'; '.join(sorted(seen))} | {', '.join(sorted(precision))} | "
+                     + ("yes" if len(seen) == 1 and len(precision) == 1 else "**no**") + " |")
+    return "\n".join(lines)
 
 
 def eval_columns(runs: dict) -> list[str]:
@@ -452,6 +475,8 @@ def main(argv=None) -> int:
     print(theorem1(args, runs))
     print()
     print(claim4(args, runs))
+    print()
+    print(machines(args))
     figure(args, runs, args.dir / "table1.png")
     claims(args, runs, args.dir / "claims.png")
     print(f"[table1] figures: {args.dir / 'table1.png'}, {args.dir / 'claims.png'}")

@@ -122,3 +122,25 @@ def test_claim4_reads_each_seeds_last_eval_against_the_issues_three_conditions()
     cells = [c.strip() for c in lines[2].strip("|").split("|")]
     assert cells == ["full", "process", "40.0 → 70.0 (+30.0 ± 10.0), SE 8.0, μ_label 1.30 ✓",
                      "40.0 → 60.0 (+20.0 ± 5.0), SE 6.0, μ_label 1.20 ✗", "no"]
+
+
+def test_machines_flags_a_seed_whose_rows_ran_on_different_machines(tmp_path):
+    """Seed 0's two cells share one CPU and fp32; seed 1's grpo ran on an AVX2 EPYC in fp32 and its full cell was
+    resumed on an AMX Xeon in bf16 (two launch lines): flagged. A cell with no metrics is not counted."""
+    def cell(name, amp, *launches):
+        run = tmp_path / "table1-maze" / name
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text('{"iteration": 0}\n')
+        (run / "config.json").write_text(json.dumps({"amp": amp}, indent=1))
+        (run / "machine.jsonl").write_text("".join(json.dumps({"cpu": cpu, "cpu_isa": isa, "cpus": 2, "gpu": ""}) + "\n"
+                                                   for cpu, isa in launches))
+    epyc, xeon = ("AMD EPYC", "avx2"), ("Intel Xeon", "amx_bf16")
+    cell("grpo-s0", False, epyc)
+    cell("full-s0", False, epyc, epyc)
+    cell("grpo-s1", False, epyc)
+    cell("full-s1", True, epyc, xeon)
+    (tmp_path / "table1-maze" / "policy-s1").mkdir()
+    args = table1.parse(["--rows", "grpo,full,policy", "--seeds", "2", "--runs-dir", str(tmp_path), "--report-only"])
+    lines = table1.machines(args).splitlines()
+    assert lines[2:] == ["| 0 | 2 | AMD EPYC, avx2, 2 cores | fp32 | yes |",
+                         "| 1 | 2 | AMD EPYC, avx2, 2 cores; Intel Xeon, amx_bf16, 2 cores | bf16 autocast, fp32 | **no** |"]
