@@ -125,28 +125,33 @@ def load_cells(folder: Path, rows, seeds: int) -> dict:
 
 def read_metrics(run: Path) -> list[dict]:
     """A run folder's metrics.jsonl, one dict per logged iteration."""
-    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return read_jsonl(run / "metrics.jsonl")
 
 
-def machines(args) -> str:
+def read_jsonl(path: Path) -> list[dict]:
+    """One dict per non-empty line of a JSON-lines file; [] when the file is missing."""
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def machines(args, runs: dict) -> str:
     """Markdown: per seed, the machines its cells ran on (each launch's line in machine.jsonl) and the precision they
     trained in (config.json's `amp`: bf16 autocast, else fp32). Every row of a seed should share one machine and
     precision, since vLLM samples differently on each CPU; a seed whose cells differ is flagged."""
-    def read(path: Path) -> list[dict]:
-        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    def precision(run: Path) -> str:
+        amp = json.loads((run / "config.json").read_text()).get("amp") if (run / "config.json").exists() else None
+        return {True: "bf16 autocast", False: "fp32"}.get(amp, "not recorded")
 
     lines = ["| seed | cells | machine | precision | one machine |", "|---|---|---|---|---|"]
     for seed in range(args.seeds):
-        runs = [run for row in args.rows if (run := args.dir / f"{row}-s{seed}" / "metrics.jsonl").exists()]
-        if not runs:
+        cells = [args.dir / f"{row}-s{seed}" for row in args.rows if (row, seed) in runs]
+        if not cells:
             continue
         seen = {f"{m.get('cpu', '?')}, {m.get('cpu_isa', '?')}, {m.get('cpus', '?')} cores"
                 + (f", {m['gpu']}" if m.get("gpu") else "")
-                for run in runs for m in read(run.parent / "machine.jsonl") or [{"cpu": "not recorded"}]}
-        precision = {{True: "bf16 autocast", False: "fp32"}.get(json.loads(config.read_text()).get("amp"), "not recorded")
-                     if (config := run.parent / "config.json").exists() else "not recorded" for run in runs}
-        lines.append(f"| {seed} | {len(runs)} | {'; '.join(sorted(seen))} | {', '.join(sorted(precision))} | "
-                     + ("yes" if len(seen) == 1 and len(precision) == 1 else "**no**") + " |")
+                for run in cells for m in read_jsonl(run / "machine.jsonl") or [{"cpu": "not recorded"}]}
+        kinds = {precision(run) for run in cells}
+        lines.append(f"| {seed} | {len(cells)} | {'; '.join(sorted(seen))} | {', '.join(sorted(kinds))} | "
+                     + ("yes" if len(seen) == 1 and len(kinds) == 1 else "**no**") + " |")
     return "\n".join(lines)
 
 
@@ -476,7 +481,7 @@ def main(argv=None) -> int:
     print()
     print(claim4(args, runs))
     print()
-    print(machines(args))
+    print(machines(args, runs))
     figure(args, runs, args.dir / "table1.png")
     claims(args, runs, args.dir / "claims.png")
     print(f"[table1] figures: {args.dir / 'table1.png'}, {args.dir / 'claims.png'}")

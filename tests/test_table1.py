@@ -141,6 +141,6 @@ def test_machines_flags_a_seed_whose_rows_ran_on_different_machines(tmp_path):
     cell("full-s1", True, epyc, xeon)
     (tmp_path / "table1-maze" / "policy-s1").mkdir()
     args = table1.parse(["--rows", "grpo,full,policy", "--seeds", "2", "--runs-dir", str(tmp_path), "--report-only"])
-    lines = table1.machines(args).splitlines()
+    lines = table1.machines(args, table1.load(args)).splitlines()
     assert lines[2:] == ["| 0 | 2 | AMD EPYC, avx2, 2 cores | fp32 | yes |",
                          "| 1 | 2 | AMD EPYC, avx2, 2 cores; Intel Xeon, amx_bf16, 2 cores | bf16 autocast, fp32 | **no** |"]
